@@ -1,0 +1,142 @@
+//! Network namespace handling shared by every component.
+//!
+//! Entering a netns with `setns(2)` changes only the calling thread, so work that must run inside a pod's
+//! namespace is executed on a fresh, dedicated thread that is thrown away afterwards. The caller's threads
+//! (and the tokio runtime) never change namespace.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use nix::sched::{setns, CloneFlags};
+
+/// Errors from opening or entering a network namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// The netns path could not be opened (usually: it no longer exists).
+    #[error("open netns {path}: {source}")]
+    Open {
+        /// Path that was opened.
+        path: PathBuf,
+        /// Underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The path exists but is not a network namespace.
+    #[error("{0} is not a network namespace")]
+    NotNetns(PathBuf),
+    /// `setns(2)` failed.
+    #[error("enter netns {path}: {source}")]
+    Enter {
+        /// Path of the namespace.
+        path: PathBuf,
+        /// Errno from the kernel.
+        source: nix::Error,
+    },
+    /// The worker thread could not be spawned or panicked.
+    #[error("netns worker thread for {path}: {reason}")]
+    Thread {
+        /// Path of the namespace.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// An open handle on a network namespace. Holding it keeps the namespace alive.
+#[derive(Debug)]
+pub struct Netns {
+    file: File,
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+/// NSFS_MAGIC from linux/magic.h: the filesystem type of namespace files.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+impl Netns {
+    /// Opens the namespace at `path` (a bind mount under /var/run/netns or a /proc/<pid>/ns/net link).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, NetnsError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| NetnsError::Open { path: path.clone(), source })?;
+        let fs = nix::sys::statfs::fstatfs(file.as_fd()).map_err(|e| NetnsError::Open {
+            path: path.clone(),
+            source: e.into(),
+        })?;
+        let magic = fs.filesystem_type().0 as i64;
+        if magic != NSFS_MAGIC {
+            return Err(NetnsError::NotNetns(path));
+        }
+        let meta = file.metadata().map_err(|source| NetnsError::Open { path: path.clone(), source })?;
+        Ok(Self { file, path, dev: meta.dev(), ino: meta.ino() })
+    }
+
+    /// Opens the calling thread's own network namespace.
+    pub fn current() -> Result<Self, NetnsError> {
+        Self::open(format!("/proc/self/task/{}/ns/net", nix::unistd::gettid()))
+    }
+
+    /// Path this handle was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `(dev, ino)` identifies a namespace uniquely while it exists.
+    pub fn id(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
+    /// The open file, for passing the namespace to another process.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace, and returns its result.
+    ///
+    /// Processes spawned from inside `f` inherit the namespace. The thread exits afterwards, so no
+    /// thread is ever returned to a pool while still inside a foreign namespace.
+    pub fn run<F, T>(&self, f: F) -> Result<T, NetnsError>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        std::thread::scope(|scope| {
+            let worker = std::thread::Builder::new()
+                .name("netns".into())
+                .spawn_scoped(scope, || {
+                    setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+                        .map_err(|source| NetnsError::Enter { path: self.path.clone(), source })?;
+                    Ok(f())
+                })
+                .map_err(|e| NetnsError::Thread { path: self.path.clone(), reason: e.to_string() })?;
+            worker
+                .join()
+                .map_err(|_| NetnsError::Thread { path: self.path.clone(), reason: "panicked".into() })?
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_netns_opens_and_runs() {
+        let ns = Netns::current().expect("open own netns");
+        let inner = ns.run(|| Netns::current().map(|n| n.id())).unwrap().unwrap();
+        assert_eq!(inner, ns.id());
+    }
+
+    #[test]
+    fn regular_file_is_rejected() {
+        let err = Netns::open("/proc/self/status").unwrap_err();
+        assert!(matches!(err, NetnsError::NotNetns(_)), "{err}");
+    }
+
+    #[test]
+    fn missing_path_names_the_path() {
+        let err = Netns::open("/nonexistent/ns").unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/ns"), "{err}");
+    }
+}
