@@ -22,10 +22,7 @@ impl CniArgs {
     }
 
     fn get(&self, key: &str) -> Option<&str> {
-        self.all
-            .get(key)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
+        self.all.get(key).map(String::as_str).filter(|v| !v.is_empty())
     }
 
     /// `K8S_POD_NAME`.

@@ -32,18 +32,8 @@ impl Command {
             "VERSION" => Command::Version,
             "STATUS" => Command::Status,
             "GC" => Command::Gc,
-            "" => {
-                return Err(CniError::new(
-                    ErrorCode::InvalidEnv,
-                    "CNI_COMMAND is required",
-                ))
-            }
-            other => {
-                return Err(CniError::new(
-                    ErrorCode::InvalidEnv,
-                    format!("unknown CNI_COMMAND {other:?}"),
-                ))
-            }
+            "" => return Err(CniError::new(ErrorCode::InvalidEnv, "CNI_COMMAND is required")),
+            other => return Err(CniError::new(ErrorCode::InvalidEnv, format!("unknown CNI_COMMAND {other:?}"))),
         })
     }
 }
@@ -76,37 +66,22 @@ impl Invocation {
             netns: get("CNI_NETNS"),
             ifname: get("CNI_IFNAME"),
             args: CniArgs::parse(&get("CNI_ARGS")),
-            path: get("CNI_PATH")
-                .split(':')
-                .filter(|p| !p.is_empty())
-                .map(String::from)
-                .collect(),
+            path: get("CNI_PATH").split(':').filter(|p| !p.is_empty()).map(String::from).collect(),
         };
         let required: &[(&str, &str)] = match command {
-            Command::Add | Command::Check => &[
-                ("CNI_CONTAINERID", &inv.container_id),
-                ("CNI_NETNS", &inv.netns),
-                ("CNI_IFNAME", &inv.ifname),
-            ],
-            Command::Del => &[
-                ("CNI_CONTAINERID", &inv.container_id),
-                ("CNI_IFNAME", &inv.ifname),
-            ],
+            Command::Add | Command::Check => {
+                &[("CNI_CONTAINERID", &inv.container_id), ("CNI_NETNS", &inv.netns), ("CNI_IFNAME", &inv.ifname)]
+            }
+            Command::Del => &[("CNI_CONTAINERID", &inv.container_id), ("CNI_IFNAME", &inv.ifname)],
             Command::Version | Command::Status | Command::Gc => &[],
         };
         for (name, value) in required {
             if value.is_empty() {
-                return Err(CniError::new(
-                    ErrorCode::InvalidEnv,
-                    format!("{name} is required for {command:?}"),
-                ));
+                return Err(CniError::new(ErrorCode::InvalidEnv, format!("{name} is required for {command:?}")));
             }
         }
         if inv.ifname.len() > 15 || inv.ifname.contains('/') {
-            return Err(CniError::new(
-                ErrorCode::InvalidEnv,
-                format!("invalid CNI_IFNAME {:?}", inv.ifname),
-            ));
+            return Err(CniError::new(ErrorCode::InvalidEnv, format!("invalid CNI_IFNAME {:?}", inv.ifname)));
         }
         Ok(inv)
     }
@@ -117,28 +92,15 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
     fn add_requires_netns_container_and_ifname() {
-        let base = [
-            ("CNI_COMMAND", "ADD"),
-            ("CNI_CONTAINERID", "c"),
-            ("CNI_NETNS", "/n"),
-            ("CNI_IFNAME", "eth0"),
-        ];
+        let base = [("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "c"), ("CNI_NETNS", "/n"), ("CNI_IFNAME", "eth0")];
         assert!(Invocation::from_env(&env(&base)).is_ok());
         for skip in 1..base.len() {
-            let partial: Vec<_> = base
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != skip)
-                .map(|(_, p)| *p)
-                .collect();
+            let partial: Vec<_> = base.iter().enumerate().filter(|(i, _)| *i != skip).map(|(_, p)| *p).collect();
             let err = Invocation::from_env(&env(&partial)).unwrap_err();
             assert_eq!(err.code, 4);
             assert!(err.msg.contains(base[skip].0), "{}", err.msg);
@@ -147,31 +109,15 @@ mod tests {
 
     #[test]
     fn del_allows_empty_netns_and_version_needs_nothing() {
-        let del = env(&[
-            ("CNI_COMMAND", "DEL"),
-            ("CNI_CONTAINERID", "c"),
-            ("CNI_IFNAME", "eth0"),
-        ]);
+        let del = env(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c"), ("CNI_IFNAME", "eth0")]);
         assert!(Invocation::from_env(&del).is_ok());
-        let ver = env(&[
-            ("CNI_COMMAND", "VERSION"),
-            ("CNI_NETNS", "dummy"),
-            ("CNI_CONTAINERID", ""),
-        ]);
-        assert_eq!(
-            Invocation::from_env(&ver).unwrap().command,
-            Command::Version
-        );
+        let ver = env(&[("CNI_COMMAND", "VERSION"), ("CNI_NETNS", "dummy"), ("CNI_CONTAINERID", "")]);
+        assert_eq!(Invocation::from_env(&ver).unwrap().command, Command::Version);
     }
 
     #[test]
     fn unknown_or_missing_command_is_invalid_env() {
-        assert_eq!(
-            Invocation::from_env(&env(&[("CNI_COMMAND", "FOO")]))
-                .unwrap_err()
-                .code,
-            4
-        );
+        assert_eq!(Invocation::from_env(&env(&[("CNI_COMMAND", "FOO")])).unwrap_err().code, 4);
         assert_eq!(Invocation::from_env(&env(&[])).unwrap_err().code, 4);
     }
 }

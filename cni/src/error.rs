@@ -48,12 +48,7 @@ pub struct CniError {
 impl CniError {
     /// Builds an error with a code and message; the version is filled in when it is printed.
     pub fn new(code: ErrorCode, msg: impl Into<String>) -> Self {
-        Self {
-            cni_version: String::new(),
-            code: code as u32,
-            msg: msg.into(),
-            details: String::new(),
-        }
+        Self { cni_version: String::new(), code: code as u32, msg: msg.into(), details: String::new() }
     }
 
     /// Adds details (for example the stderr of a failing tool).
@@ -67,10 +62,7 @@ impl CniError {
         let mut e = self.clone();
         e.cni_version = version.to_string();
         serde_json::to_string(&e).unwrap_or_else(|_| {
-            format!(
-                r#"{{"cniVersion":"{version}","code":{},"msg":"unprintable error"}}"#,
-                self.code
-            )
+            format!(r#"{{"cniVersion":"{version}","code":{},"msg":"unprintable error"}}"#, self.code)
         })
     }
 }

@@ -26,9 +26,7 @@ fn decode_err(msg: impl Into<String>) -> CniError {
 
 /// Converts `prev` (a prevResult of any supported shape) to the result shape of `to`.
 pub fn convert(prev: &Value, to: Version) -> Result<Value, CniError> {
-    let obj = prev
-        .as_object()
-        .ok_or_else(|| decode_err("prevResult is not a JSON object"))?;
+    let obj = prev.as_object().ok_or_else(|| decode_err("prevResult is not a JSON object"))?;
     let mut out = Map::new();
     out.insert("cniVersion".into(), Value::String(to.to_string()));
     let legacy = obj.contains_key("ip4") || obj.contains_key("ip6");
@@ -44,13 +42,9 @@ pub fn convert(prev: &Value, to: Version) -> Result<Value, CniError> {
         out.insert("routes".into(), Value::Array(routes));
     }
     if let Some(ips) = out.get_mut("ips") {
-        let ips = ips
-            .as_array_mut()
-            .ok_or_else(|| decode_err("prevResult.ips is not a list"))?;
+        let ips = ips.as_array_mut().ok_or_else(|| decode_err("prevResult.ips is not a list"))?;
         for ip in ips {
-            let ip = ip
-                .as_object_mut()
-                .ok_or_else(|| decode_err("prevResult.ips entry is not an object"))?;
+            let ip = ip.as_object_mut().ok_or_else(|| decode_err("prevResult.ips entry is not an object"))?;
             let addr = ip
                 .get("address")
                 .and_then(Value::as_str)
@@ -72,9 +66,7 @@ pub fn convert(prev: &Value, to: Version) -> Result<Value, CniError> {
 
 fn strip(out: &mut Map<String, Value>, list: &str, keys: &[&str]) -> Result<(), CniError> {
     if let Some(items) = out.get_mut(list) {
-        let items = items
-            .as_array_mut()
-            .ok_or_else(|| decode_err(format!("prevResult.{list} is not a list")))?;
+        let items = items.as_array_mut().ok_or_else(|| decode_err(format!("prevResult.{list} is not a list")))?;
         for item in items.iter_mut().filter_map(Value::as_object_mut) {
             for k in keys {
                 item.remove(*k);
@@ -92,10 +84,7 @@ fn from_legacy(obj: &Map<String, Value>) -> Result<(Vec<Value>, Vec<Value>), Cni
         let Some(section) = obj.get(key) else {
             continue;
         };
-        let ip = section
-            .get("ip")
-            .and_then(Value::as_str)
-            .ok_or_else(|| decode_err(format!("{key}.ip missing")))?;
+        let ip = section.get("ip").and_then(Value::as_str).ok_or_else(|| decode_err(format!("{key}.ip missing")))?;
         let mut entry = json!({ "version": version, "address": ip });
         if let Some(gw) = section.get("gateway") {
             entry["gateway"] = gw.clone();
@@ -159,10 +148,7 @@ mod tests {
         let mut r = v1_result();
         r["interfaces"][0]["mtu"] = json!(1400);
         r["routes"][0]["priority"] = json!(5);
-        assert_eq!(
-            convert(&r, Version(1, 1, 0)).unwrap()["interfaces"][0]["mtu"],
-            1400
-        );
+        assert_eq!(convert(&r, Version(1, 1, 0)).unwrap()["interfaces"][0]["mtu"], 1400);
         let down = convert(&r, Version(1, 0, 0)).unwrap();
         assert!(down["interfaces"][0].get("mtu").is_none());
         assert!(down["routes"][0].get("priority").is_none());
@@ -170,40 +156,21 @@ mod tests {
 
     #[test]
     fn legacy_ip4_shape_is_understood() {
-        let r = convert(
-            &json!({"ip4": {"ip": "10.1.0.5/16", "gateway": "10.1.0.1"}}),
-            Version(1, 0, 0),
-        )
-        .unwrap();
+        let r = convert(&json!({"ip4": {"ip": "10.1.0.5/16", "gateway": "10.1.0.1"}}), Version(1, 0, 0)).unwrap();
         assert_eq!(r["ips"][0]["address"], "10.1.0.5/16");
         assert!(r.get("ip4").is_none());
     }
 
     #[test]
     fn bad_shapes_are_decoding_errors() {
-        for bad in [
-            json!([]),
-            json!({"ips": 3}),
-            json!({"ips": [{"gateway": "x"}]}),
-            json!({"ips": ["x"]}),
-        ] {
-            assert_eq!(
-                convert(&bad, Version(1, 0, 0)).unwrap_err().code,
-                6,
-                "{bad}"
-            );
+        for bad in [json!([]), json!({"ips": 3}), json!({"ips": [{"gateway": "x"}]}), json!({"ips": ["x"]})] {
+            assert_eq!(convert(&bad, Version(1, 0, 0)).unwrap_err().code, 6, "{bad}");
         }
     }
 
     #[test]
     fn addresses_are_extracted() {
         let a = addresses(&v1_result());
-        assert_eq!(
-            a,
-            vec![
-                "10.0.0.2".parse::<IpAddr>().unwrap(),
-                "fd00::2".parse().unwrap()
-            ]
-        );
+        assert_eq!(a, vec!["10.0.0.2".parse::<IpAddr>().unwrap(), "fd00::2".parse().unwrap()]);
     }
 }

@@ -18,11 +18,7 @@ impl Version {
     /// Parses a version string such as `1.0.0`.
     pub fn parse(s: &str) -> Option<Version> {
         let mut parts = s.trim().split('.').map(|p| p.parse::<u32>().ok());
-        let v = Version(
-            parts.next()??,
-            parts.next().unwrap_or(Some(0))?,
-            parts.next().unwrap_or(Some(0))?,
-        );
+        let v = Version(parts.next()??, parts.next().unwrap_or(Some(0))?, parts.next().unwrap_or(Some(0))?);
         parts.next().is_none().then_some(v)
     }
 
@@ -32,10 +28,7 @@ impl Version {
             Some(v) if SUPPORTED_VERSIONS.contains(&v.to_string().as_str()) => Ok(v),
             _ => Err(CniError::new(
                 ErrorCode::IncompatibleVersion,
-                format!(
-                    "unsupported cniVersion {s:?}; supported: {}",
-                    SUPPORTED_VERSIONS.join(", ")
-                ),
+                format!("unsupported cniVersion {s:?}; supported: {}", SUPPORTED_VERSIONS.join(", ")),
             )),
         }
     }

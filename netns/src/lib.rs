@@ -59,28 +59,15 @@ impl Netns {
     /// Opens the namespace at `path` (a bind mount under /var/run/netns or a /proc/<pid>/ns/net link).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, NetnsError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| NetnsError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        let fs = nix::sys::statfs::fstatfs(file.as_fd()).map_err(|e| NetnsError::Open {
-            path: path.clone(),
-            source: e.into(),
-        })?;
+        let file = File::open(&path).map_err(|source| NetnsError::Open { path: path.clone(), source })?;
+        let fs = nix::sys::statfs::fstatfs(file.as_fd())
+            .map_err(|e| NetnsError::Open { path: path.clone(), source: e.into() })?;
         let magic = fs.filesystem_type().0 as i64;
         if magic != NSFS_MAGIC {
             return Err(NetnsError::NotNetns(path));
         }
-        let meta = file.metadata().map_err(|source| NetnsError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        Ok(Self {
-            file,
-            path,
-            dev: meta.dev(),
-            ino: meta.ino(),
-        })
+        let meta = file.metadata().map_err(|source| NetnsError::Open { path: path.clone(), source })?;
+        Ok(Self { file, path, dev: meta.dev(), ino: meta.ino() })
     }
 
     /// Opens the calling thread's own network namespace.
@@ -116,22 +103,12 @@ impl Netns {
             let worker = std::thread::Builder::new()
                 .name("netns".into())
                 .spawn_scoped(scope, || {
-                    setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
-                        NetnsError::Enter {
-                            path: self.path.clone(),
-                            source,
-                        }
-                    })?;
+                    setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+                        .map_err(|source| NetnsError::Enter { path: self.path.clone(), source })?;
                     Ok(f())
                 })
-                .map_err(|e| NetnsError::Thread {
-                    path: self.path.clone(),
-                    reason: e.to_string(),
-                })?;
-            worker.join().map_err(|_| NetnsError::Thread {
-                path: self.path.clone(),
-                reason: "panicked".into(),
-            })?
+                .map_err(|e| NetnsError::Thread { path: self.path.clone(), reason: e.to_string() })?;
+            worker.join().map_err(|_| NetnsError::Thread { path: self.path.clone(), reason: "panicked".into() })?
         })
     }
 }
@@ -143,10 +120,7 @@ mod tests {
     #[test]
     fn current_netns_opens_and_runs() {
         let ns = Netns::current().expect("open own netns");
-        let inner = ns
-            .run(|| Netns::current().map(|n| n.id()))
-            .unwrap()
-            .unwrap();
+        let inner = ns.run(|| Netns::current().map(|n| n.id())).unwrap().unwrap();
         assert_eq!(inner, ns.id());
     }
 
