@@ -1,1 +1,70 @@
-fn main() {}
+//! `istio-cni`: the CNI plugin the container runtime execs for every pod.
+//!
+//! stdout carries exactly one thing: the result, or a CNI error JSON. Panics are caught and reported the same way.
+
+mod commands;
+mod config;
+mod k8s;
+mod logging;
+mod pod;
+mod sidecar;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+
+use cni::{CniError, ErrorCode, Version};
+
+/// Largest stdin we accept; a netconf is a few KiB.
+const MAX_STDIN: u64 = 4 << 20;
+
+fn read_stdin() -> Result<Vec<u8>, CniError> {
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .take(MAX_STDIN + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| CniError::new(ErrorCode::Io, format!("read stdin: {e}")))?;
+    if buf.len() as u64 > MAX_STDIN {
+        return Err(CniError::new(ErrorCode::Decoding, format!("stdin is larger than {MAX_STDIN} bytes")));
+    }
+    Ok(buf)
+}
+
+/// The version to report errors in: the request's if it is readable, else the newest we speak.
+fn reply_version(stdin: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(String::from))
+        .filter(|v| Version::supported(v).is_ok())
+        .unwrap_or_else(|| Version::LATEST.to_string())
+}
+
+fn main() {
+    std::panic::set_hook(Box::new(|info| eprintln!("istio-cni: panic: {info}")));
+    let env: HashMap<String, String> =
+        std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
+    let stdin = read_stdin();
+    let version = stdin.as_deref().map(reply_version).unwrap_or_else(|_| Version::LATEST.to_string());
+    let outcome = std::panic::catch_unwind(|| commands::run(&env, stdin?)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(CniError::new(ErrorCode::Internal, format!("internal error: plugin panicked: {what}")))
+    });
+    let mut out = std::io::stdout().lock();
+    let code = match outcome {
+        Ok(Some(result)) => {
+            let _ = writeln!(out, "{result}");
+            0
+        }
+        Ok(None) => 0,
+        Err(e) => {
+            tracing::error!(code = e.code, msg = %e.msg, details = %e.details, "command failed");
+            let _ = writeln!(out, "{}", e.to_json(&version));
+            1
+        }
+    };
+    let _ = out.flush();
+    std::process::exit(code);
+}

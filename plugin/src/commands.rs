@@ -1,0 +1,170 @@
+//! One function per CNI command. Each returns the stdout payload (if any) or a CNI error.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use cni::{CniError, Command, ErrorCode, Invocation, Version, SUPPORTED_VERSIONS};
+use netns::Netns;
+use serde_json::json;
+
+use crate::config::PluginConf;
+use crate::pod::PodInfo;
+use crate::{k8s, logging, sidecar};
+
+/// Name prefix of the istio-cni DaemonSet's pods, which must never wait on themselves.
+const OWN_POD_PREFIX: &str = "istio-cni-node-";
+/// Socket the node agent serves plugin events on (ambient).
+const AGENT_SOCKET: &str = "pluginevent.sock";
+
+/// Runs the command named by the environment.
+pub fn run(env: &HashMap<String, String>, stdin: Vec<u8>) -> Result<Option<String>, CniError> {
+    let inv = Invocation::from_env(env)?;
+    if inv.command == Command::Version {
+        return Ok(Some(version_reply(&stdin)));
+    }
+    let conf = PluginConf::parse(&stdin)?;
+    let version = conf.version()?;
+    logging::init(conf.log_level(), &conf.run_dir());
+    let span = tracing::info_span!(
+        "cni",
+        command = ?inv.command,
+        container = %inv.container_id,
+        namespace = inv.args.pod_namespace().unwrap_or_default(),
+        pod = inv.args.pod_name().unwrap_or_default(),
+        uid = inv.args.pod_uid().unwrap_or_default(),
+    );
+    let _guard = span.enter();
+    tracing::debug!(
+        network = %conf.name,
+        ambient = conf.ambient_enabled,
+        ambient_detection_retry = conf.enable_ambient_detection_retry,
+        native_nftables = conf.native_nftables,
+        selectors = ?conf.enablement_selectors,
+        bin_dir = ?conf.kubernetes.as_ref().and_then(|k| k.cni_bin_dir.as_deref()),
+        "netconf"
+    );
+    let needs = |min: Version| {
+        if version < min {
+            Err(CniError::new(
+                ErrorCode::IncompatibleVersion,
+                format!("{:?} needs cniVersion {min} or later, got {version}", inv.command),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    match inv.command {
+        Command::Add => add(&inv, &conf, version, env).map(Some),
+        Command::Del => {
+            // Sidecar rules live in the pod netns and vanish with it; there is nothing to undo.
+            tracing::debug!("DEL: nothing to clean up");
+            Ok(None)
+        }
+        Command::Check => {
+            needs(Version(0, 4, 0))?;
+            check(&inv, &conf).map(|_| None)
+        }
+        Command::Status => {
+            needs(Version(1, 1, 0))?;
+            status(&conf).map(|_| None)
+        }
+        Command::Gc => {
+            needs(Version(1, 1, 0))?;
+            // The plugin keeps no per-attachment state (no files, no IPAM, no host rules), so GC has nothing to
+            // collect; tests prove that ADD leaves nothing behind outside the pod netns but the log file.
+            tracing::debug!(valid = conf.valid_attachments.as_ref().map_or(0, Vec::len), "GC: no state kept");
+            Ok(None)
+        }
+        Command::Version => unreachable!("handled above"),
+    }
+}
+
+fn version_reply(stdin: &[u8]) -> String {
+    let asked = serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(String::from))
+        .filter(|v| Version::supported(v).is_ok())
+        .unwrap_or_else(|| Version::LATEST.to_string());
+    json!({ "cniVersion": asked, "supportedVersions": SUPPORTED_VERSIONS }).to_string()
+}
+
+fn internal(e: impl std::fmt::Display) -> CniError {
+    CniError::new(ErrorCode::Internal, e.to_string())
+}
+
+fn add(
+    inv: &Invocation,
+    conf: &PluginConf,
+    version: Version,
+    env: &HashMap<String, String>,
+) -> Result<String, CniError> {
+    let result = match &conf.prev_result {
+        Some(prev) => cni::result::convert(prev, version)?,
+        None => cni::result::empty(version),
+    };
+    let out = result.to_string();
+    let (Some(namespace), Some(name)) = (inv.args.pod_namespace(), inv.args.pod_name()) else {
+        tracing::info!("no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS: not a Kubernetes pod, passing through");
+        return Ok(out);
+    };
+    if conf.pod_namespace.as_deref() == Some(namespace) && name.starts_with(OWN_POD_PREFIX) {
+        tracing::info!("istio-cni's own pod, passing through");
+        return Ok(out);
+    }
+    if conf.excluded_namespaces().any(|n| n == namespace) {
+        tracing::info!("namespace is excluded, passing through");
+        return Ok(out);
+    }
+    let netns = Netns::open(&inv.netns)
+        .map_err(|e| CniError::new(ErrorCode::InvalidEnv, format!("CNI_NETNS {:?} is not usable: {e}", inv.netns)))?;
+    let (attempts, interval) = conf.pod_lookup();
+    let pod = k8s::get_pod(&conf.kubeconfig(), namespace, name, attempts, interval)
+        .map_err(|e| CniError::new(ErrorCode::TryAgainLater, e.to_string()))?;
+    let pod = PodInfo::from(&pod);
+    if let Err(skip) = sidecar::decide(&pod) {
+        tracing::info!(reason = ?skip, "no redirection needed, passing through");
+        return Ok(out);
+    }
+    let has_v6 = cni::result::addresses(&result).iter().any(IpAddr::is_ipv6);
+    let plan = redirect::sidecar::build(&sidecar::settings(&pod, has_v6)?);
+    let force = conf.force_iptables_binary.as_deref().or(env.get("FORCE_IPTABLES_BINARY").map(String::as_str));
+    let backend = redirect::apply::detect_backend(force.filter(|f| !f.is_empty())).map_err(internal)?;
+    if let Err(e) = redirect::apply::apply(&netns, &plan, backend) {
+        // Never leave half a rule set: a pod that fails ADD is retried by the kubelet from a clean slate.
+        if let Err(cleanup) = redirect::apply::remove(&netns, backend) {
+            tracing::error!(error = %cleanup, "could not remove partial rules");
+        }
+        return Err(CniError::new(ErrorCode::Internal, "programming redirect rules failed").with_details(e.to_string()));
+    }
+    tracing::info!(?backend, ipv6 = plan.v6.is_some(), "redirect rules programmed");
+    Ok(out)
+}
+
+fn check(inv: &Invocation, conf: &PluginConf) -> Result<(), CniError> {
+    if conf.prev_result.is_none() {
+        return Err(CniError::new(ErrorCode::InvalidConfig, "CHECK needs a prevResult"));
+    }
+    Netns::open(&inv.netns)
+        .map_err(|e| CniError::new(ErrorCode::InvalidEnv, format!("CNI_NETNS {:?} is not usable: {e}", inv.netns)))?;
+    Ok(())
+}
+
+fn status(conf: &PluginConf) -> Result<(), CniError> {
+    let kubeconfig = conf.kubeconfig();
+    if let Err(e) = std::fs::metadata(&kubeconfig) {
+        return Err(CniError::new(
+            ErrorCode::NotAvailable,
+            format!("kubeconfig {} is not readable: {e}", kubeconfig.display()),
+        ));
+    }
+    if conf.ambient_enabled {
+        let socket = conf.run_dir().join(AGENT_SOCKET);
+        if let Err(e) = std::os::unix::net::UnixStream::connect(&socket) {
+            return Err(CniError::new(
+                ErrorCode::NotAvailable,
+                format!("node agent socket {} does not answer: {e}", socket.display()),
+            ));
+        }
+    }
+    Ok(())
+}
