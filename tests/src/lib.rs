@@ -1,1 +1,18 @@
-//! placeholder
+//! Test support for the whole workspace: a fake CNI runtime that behaves like libcni, named network
+//! namespaces that clean up after themselves, and a small vocabulary ("a node", "a pod", "connect as uid
+//! 1337") so end-to-end tests read like what a user would observe.
+//!
+//! Everything here drives the real kernel and real binaries; it needs root.
+
+pub mod bins;
+pub mod netns_guard;
+pub mod node;
+pub mod podman;
+pub mod runtime;
+pub mod spy;
+pub mod tcp;
+
+pub use netns_guard::NetnsGuard;
+pub use node::{Node, Pod};
+pub use runtime::{NetworkConfigList, PluginError, RawOutput, Runtime, RuntimeConf, RuntimeError};
+pub use spy::Spy;

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs the OS packages the test suite needs (real iptables/nftables, iproute2, the CNI reference
+# plugins, podman + runc, and a static busybox for container rootfs). Idempotent: apt is only touched
+# when something is missing.
+set -euo pipefail
+
+packages=(
+  iptables
+  nftables
+  iproute2
+  containernetworking-plugins
+  podman
+  runc
+  busybox-static
+  util-linux
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing packages (${missing[*]}) and not root; install them first" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+apt-get install -y --no-install-recommends "${missing[@]}"

@@ -1,0 +1,155 @@
+//! Network configuration lists (`.conflist`) and the per-plugin config a runtime derives from them.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::RuntimeError;
+
+/// A parsed `.conflist`: `{cniVersion, name, disableCheck?, plugins: [...]}`; kept as JSON so tests can
+/// feed arbitrary (also odd) plugin configs through.
+#[derive(Debug, Clone)]
+pub struct NetworkConfigList {
+    /// The list's `cniVersion`, injected into every plugin config.
+    pub cni_version: String,
+    /// The network name, injected into every plugin config and part of the cache key.
+    pub name: String,
+    /// `disableCheck`: CHECK becomes a no-op, as in libcni.
+    pub disable_check: bool,
+    /// Plugin configs in order; each has at least `type`.
+    pub plugins: Vec<Value>,
+    /// The whole list as given.
+    pub raw: Value,
+}
+
+impl NetworkConfigList {
+    /// Parses a conflist from JSON, validating what libcni validates (name, cniVersion, plugins[].type).
+    pub fn from_value(raw: Value) -> Result<Self, RuntimeError> {
+        Self::parse(raw, "<inline>")
+    }
+
+    /// Reads and parses a `.conflist` file.
+    pub fn from_file(path: &Path) -> Result<Self, RuntimeError> {
+        let name = path.display().to_string();
+        let text = std::fs::read(path).map_err(|e| config_err(&name, e.to_string()))?;
+        let raw: Value = serde_json::from_slice(&text).map_err(|e| config_err(&name, e.to_string()))?;
+        Self::parse(raw, &name)
+    }
+
+    fn parse(raw: Value, source_name: &str) -> Result<Self, RuntimeError> {
+        let field = |key: &str| raw.get(key).and_then(Value::as_str).map(str::to_owned);
+        let name = field("name").ok_or_else(|| config_err(source_name, "missing string \"name\""))?;
+        let cni_version =
+            field("cniVersion").ok_or_else(|| config_err(source_name, "missing string \"cniVersion\""))?;
+        let plugins = raw
+            .get("plugins")
+            .and_then(Value::as_array)
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| config_err(source_name, "\"plugins\" must be a non-empty array"))?
+            .clone();
+        if let Some(i) = plugins.iter().position(|p| p.get("type").and_then(Value::as_str).is_none()) {
+            return Err(config_err(source_name, format!("plugins[{i}] has no string \"type\"")));
+        }
+        let disable_check = raw.get("disableCheck").and_then(Value::as_bool).unwrap_or(false);
+        Ok(Self { cni_version, name, disable_check, plugins, raw })
+    }
+
+    /// The list's version is at least `major.minor.patch` (e.g. CHECK needs 0.4.0, STATUS/GC 1.1.0).
+    pub fn version_at_least(&self, min: (u32, u32, u32)) -> bool {
+        parse_version(&self.cni_version).is_some_and(|v| v >= min)
+    }
+}
+
+/// The `type` of a plugin config (validated at parse time).
+pub(super) fn plugin_type(plugin: &Value) -> &str {
+    plugin.get("type").and_then(Value::as_str).unwrap_or_default()
+}
+
+/// Builds the stdin for one plugin exactly like libcni's `buildOneConfig`: `cniVersion` and `name` from the
+/// list, `prevResult` when given, and `runtimeConfig` holding the capability args the plugin declares in
+/// `capabilities` (only when at least one matches).
+pub(super) fn plugin_stdin(
+    list: &NetworkConfigList,
+    plugin: &Value,
+    prev_result: Option<&Value>,
+    capability_args: &Map<String, Value>,
+) -> Value {
+    let mut conf = plugin.as_object().cloned().unwrap_or_default();
+    conf.insert("cniVersion".into(), Value::String(list.cni_version.clone()));
+    conf.insert("name".into(), Value::String(list.name.clone()));
+    if let Some(prev) = prev_result {
+        conf.insert("prevResult".into(), prev.clone());
+    }
+    let runtime_config: Map<String, Value> = plugin
+        .get("capabilities")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(_, enabled)| enabled.as_bool() == Some(true))
+        .filter_map(|(cap, _)| capability_args.get(cap).map(|v| (cap.clone(), v.clone())))
+        .collect();
+    if !runtime_config.is_empty() {
+        conf.insert("runtimeConfig".into(), Value::Object(runtime_config));
+    }
+    Value::Object(conf)
+}
+
+fn parse_version(v: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??, parts.next().unwrap_or(Some(0))?))
+}
+
+fn config_err(source_name: &str, reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::Config { source_name: source_name.to_owned(), reason: reason.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn list() -> NetworkConfigList {
+        NetworkConfigList::from_value(json!({
+            "cniVersion": "1.0.0", "name": "net",
+            "plugins": [{"type": "a", "capabilities": {"portMappings": true, "bandwidth": false}}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn injects_version_name_prev_result_and_declared_capabilities_only() {
+        let caps: Map<String, Value> =
+            json!({"portMappings": [{"hostPort": 1}], "bandwidth": {"x": 1}, "ips": ["1.2.3.4"]})
+                .as_object()
+                .unwrap()
+                .clone();
+        let l = list();
+        let stdin = plugin_stdin(&l, &l.plugins[0], Some(&json!({"ips": []})), &caps);
+        assert_eq!(stdin["cniVersion"], "1.0.0");
+        assert_eq!(stdin["name"], "net");
+        assert_eq!(stdin["prevResult"], json!({"ips": []}));
+        assert_eq!(stdin["runtimeConfig"], json!({"portMappings": [{"hostPort": 1}]}));
+    }
+
+    #[test]
+    fn no_runtime_config_without_matching_capability() {
+        let l = list();
+        let stdin = plugin_stdin(&l, &l.plugins[0], None, &Map::new());
+        assert!(stdin.get("runtimeConfig").is_none(), "{stdin}");
+        assert!(stdin.get("prevResult").is_none(), "{stdin}");
+    }
+
+    #[test]
+    fn rejects_plugin_without_type() {
+        let err =
+            NetworkConfigList::from_value(json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{}]})).unwrap_err();
+        assert!(err.to_string().contains("plugins[0]"), "{err}");
+    }
+
+    #[test]
+    fn compares_versions() {
+        let l = list();
+        assert!(l.version_at_least((0, 4, 0)));
+        assert!(!l.version_at_least((1, 1, 0)));
+    }
+}

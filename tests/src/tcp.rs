@@ -1,0 +1,127 @@
+//! TCP probes run inside a netns: a one-shot listener that reports where connections really arrived
+//! (local address and the pre-NAT `SO_ORIGINAL_DST`), and a client that connects as a given uid
+//! (e.g. 1337, the proxy's uid that redirect rules exempt).
+
+use std::net::{SocketAddr, SocketAddrV4, TcpListener};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{getsockopt, sockopt::OriginalDst};
+
+use crate::runtime::exec;
+use crate::NetnsGuard;
+
+/// How long a listener waits for its one connection, and a client for its connect.
+const PROBE_DEADLINE: Duration = Duration::from_secs(30);
+/// Static busybox (package busybox-static), whose `nc` is the client.
+const BUSYBOX: &str = "/bin/busybox";
+
+/// One accepted connection, as seen by the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// Address the connection arrived at (after any redirect).
+    pub local: SocketAddr,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// `SO_ORIGINAL_DST`: destination before NAT; `None` when conntrack has no entry for the socket.
+    pub original_dst: Option<SocketAddrV4>,
+}
+
+/// A listener waiting in a netns for one connection; created by [`NetnsGuard::listen_tcp`].
+#[derive(Debug)]
+pub struct TcpProbe {
+    /// The bound address (port resolved if 0 was asked for).
+    pub addr: SocketAddr,
+    rx: mpsc::Receiver<Result<Accepted, String>>,
+}
+
+impl TcpProbe {
+    /// Waits up to `timeout` for the connection; `None` if none arrived (e.g. the rules dropped it).
+    pub fn accepted_within(&self, timeout: Duration) -> Option<Accepted> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(Ok(a)) => Some(a),
+            Ok(Err(e)) => panic!("listener on {} failed: {e}", self.addr),
+            Err(_) => None,
+        }
+    }
+
+    /// Waits for the connection and panics if none arrives within the probe deadline.
+    pub fn accepted(&self) -> Accepted {
+        self.accepted_within(PROBE_DEADLINE)
+            .unwrap_or_else(|| panic!("no connection arrived at {} within {PROBE_DEADLINE:?}", self.addr))
+    }
+}
+
+impl NetnsGuard {
+    /// Listens on `0.0.0.0:port` inside this netns (bound before returning, so connecting right after is
+    /// race-free) and accepts one connection on a background thread, closing it immediately.
+    pub fn listen_tcp(&self, port: u16) -> TcpProbe {
+        let ns = self.open().unwrap_or_else(|e| panic!("open netns {}: {e}", self.name()));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let ran = ns.run(|| {
+                let listener = match TcpListener::bind(("0.0.0.0", port)).and_then(|l| {
+                    l.set_nonblocking(true)?;
+                    Ok((l.local_addr()?, l))
+                }) {
+                    Ok((addr, l)) => {
+                        let _ = ready_tx.send(Ok(addr));
+                        l
+                    }
+                    Err(e) => return ready_tx.send(Err(e.to_string())).unwrap_or(()),
+                };
+                let _ = tx.send(accept_one(&listener));
+            });
+            if let Err(e) = ran {
+                let _ = ready_tx.send(Err(e.to_string()));
+            }
+        });
+        let addr = ready_rx
+            .recv()
+            .expect("listener thread ended")
+            .unwrap_or_else(|e| panic!("listen on port {port} in netns {}: {e}", self.name()));
+        TcpProbe { addr, rx }
+    }
+
+    /// Connects to `addr` from inside this netns (as `uid`/gid `uid` when given, root otherwise) using
+    /// `busybox nc`, and closes at once. `Ok` if the TCP handshake succeeded, `Err(stderr)` otherwise.
+    pub fn connect_tcp(&self, addr: SocketAddr, uid: Option<u32>) -> Result<(), String> {
+        assert!(Path::new(BUSYBOX).is_file(), "{BUSYBOX} missing; run scripts/install-deps.sh");
+        let mut cmd = Command::new(BUSYBOX);
+        cmd.args(["nc", "-w", &PROBE_DEADLINE.as_secs().to_string(), &addr.ip().to_string()])
+            .arg(addr.port().to_string())
+            .stdin(Stdio::null());
+        if let Some(uid) = uid {
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, uid);
+        }
+        let out = exec::run(cmd, Path::new(BUSYBOX), Some(&self.path()), Vec::new(), PROBE_DEADLINE * 2)
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{}: {}", out.status, out.stderr_str().trim()))
+        }
+    }
+}
+
+fn accept_one(listener: &TcpListener) -> Result<Accepted, String> {
+    let deadline = Instant::now() + PROBE_DEADLINE;
+    let (stream, peer) = loop {
+        match listener.accept() {
+            Ok(conn) => break conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    let local = stream.local_addr().map_err(|e| e.to_string())?;
+    let original_dst = getsockopt(&stream, OriginalDst)
+        .ok()
+        .map(|sa| SocketAddrV4::new(u32::from_be(sa.sin_addr.s_addr).into(), u16::from_be(sa.sin_port)));
+    Ok(Accepted { local, peer, original_dst })
+}
