@@ -10,6 +10,10 @@ use serde_json::Value;
 /// File in the record dir where every spy sharing it appends `<name> <command> <container id>`.
 const CALL_LOG: &str = "spy-calls.log";
 
+/// What a spy answers to VERSION: every spec version up to 1.1.0.
+pub const VERSION_INFO: &str =
+    r#"{"cniVersion":"1.1.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]}"#;
+
 /// The calls of all spies recording into `record_dir`, in order, as `<name> <command> <container id>`.
 pub fn calls(record_dir: &Path) -> Vec<String> {
     std::fs::read_to_string(record_dir.join(CALL_LOG))
@@ -26,7 +30,7 @@ pub struct Spy {
 }
 
 impl Spy {
-    /// Writes the spy as `<bin_dir>/<name>`. On ADD and VERSION it prints `output`; with `fail` set, it
+    /// Writes the spy as `<bin_dir>/<name>`. On ADD it prints `output`, on VERSION [`VERSION_INFO`]; with `fail` set, it
     /// prints that error object instead and exits 1 on every command. Records go to `<record_dir>`.
     pub fn install(bin_dir: &Path, record_dir: &Path, name: &str, output: &Value, fail: Option<&Value>) -> Self {
         let quoted = output.to_string().contains('\'') || fail.is_some_and(|f| f.to_string().contains('\''));
@@ -45,7 +49,10 @@ impl Spy {
              cat > \"$f.stdin\"\n\
              env > \"$f.env\"\n\
              {failing}\
-             case \"$CNI_COMMAND\" in ADD|VERSION) printf '%s' '{output}';; esac\n",
+             case \"$CNI_COMMAND\" in\n\
+               ADD) printf '%s' '{output}';;\n\
+               VERSION) printf '%s' '{VERSION_INFO}';;\n\
+             esac\n",
             dir = record_dir.display(),
             log = log.display(),
         );

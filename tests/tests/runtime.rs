@@ -294,3 +294,67 @@ fn status_and_gc_follow_spec_1_1() {
     let gc = spy.stdin("GC", "").expect("GC ran");
     assert_eq!(gc["cni.dev/valid-attachments"], json!([{"containerID": "keep", "ifname": "eth0"}]));
 }
+
+#[test]
+fn podman_attaches_a_container_to_the_node_network_through_cni() {
+    let node = Node::new();
+    let spy = Spy::install(&node.bin_dir(), node.dir(), "spy", &json!({}), None);
+    // The spy prints `{}` on ADD; podman only needs a result from the last plugin, so put it first.
+    let podman = node.podman(vec![]);
+    let mut conflist = node.conflist(vec![]);
+    conflist["plugins"].as_array_mut().unwrap().insert(0, json!({"type": "spy"}));
+    podman.add_network(&conflist);
+
+    let start = Instant::now();
+    let out = podman.run(
+        tests::node::NETWORK_NAME,
+        "web-1",
+        &[("K8S_POD_NAMESPACE", "prod"), ("K8S_POD_NAME", "web")],
+        &["ip", "-4", "-o", "addr", "show", "eth0"],
+    );
+    let took = start.elapsed();
+    assert!(out.status.success(), "podman run failed: {}{}", out.stdout_str(), out.stderr_str());
+    let subnet_prefix = node.subnet().trim_end_matches("0/24").to_owned();
+    assert!(out.stdout_str().contains(&format!("inet {subnet_prefix}")), "{}", out.stdout_str());
+    eprintln!("podman run took {took:?}");
+
+    // podman also asks every plugin for VERSION before ADD and DEL.
+    let calls: Vec<String> = tests::spy::calls(node.dir()).into_iter().filter(|c| c != "spy VERSION").collect();
+    let id = calls[0].strip_prefix("spy ADD ").expect("first call is ADD");
+    assert_eq!(calls, [format!("spy ADD {id}"), format!("spy DEL {id}")], "ADD, then DEL by --rm");
+    let add_env = spy.env("ADD", id).unwrap();
+    assert!(
+        add_env.contains(
+            &"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAME=web-1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web".to_owned()
+        ),
+        "{add_env:?}"
+    );
+    assert!(bridge_ports(&node).is_empty(), "--rm ran DEL");
+}
+
+#[test]
+fn listener_reports_the_original_destination_of_a_redirected_connection() {
+    let node = Node::new();
+    let a = node.add_pod("a", "default", vec![]);
+    let b = node.add_pod("b", "default", vec![]);
+    b.netns.exec_ok(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-p",
+        "tcp",
+        "--dport",
+        "80",
+        "-j",
+        "REDIRECT",
+        "--to-ports",
+        "15006",
+    ]);
+    let probe = b.netns.listen_tcp(15006);
+    a.netns.connect_tcp(SocketAddr::from((b.ip, 80)), None).expect("connect to b:80");
+    let accepted = probe.accepted();
+    assert_eq!(accepted.local, SocketAddr::from((b.ip, 15006)));
+    assert_eq!(accepted.original_dst, Some(std::net::SocketAddrV4::new(b.ip, 80)));
+}
