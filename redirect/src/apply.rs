@@ -1,19 +1,21 @@
-//! Programs a [`Plan`] into a pod's network namespace with iptables-restore (and rtnetlink for TPROXY routing).
+//! Programs a [`Plan`] into a pod's network namespace with iptables-restore, and with rtnetlink the IPv6
+//! passthrough source address and TPROXY routing.
 
 use std::io::Write as _;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
 use futures::TryStreamExt as _;
 use netns::{Netns, NetnsError};
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use rtnetlink::packet_route::route::{RouteScope, RouteType};
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
 use crate::iptables::render;
 use crate::model::{Family, Table};
-use crate::sidecar::{Plan, TproxyRoutes};
+use crate::sidecar::{Plan, TproxyRoutes, PASSTHROUGH_SRC_V6};
 
 /// Which iptables flavour programs the rules; it must match what the node's kube-proxy uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +146,8 @@ fn in_path(binary: &str) -> bool {
 }
 
 /// Programs `plan` inside `netns`: one iptables-restore per family (replacing the tables it names wholesale,
-/// so re-applying is idempotent), then TPROXY policy routing if the plan needs it.
+/// so re-applying is idempotent), then, if the plan has IPv6 rules, the passthrough source `::6/128` on `lo`,
+/// and TPROXY policy routing if the plan needs it. Re-applying is idempotent throughout.
 pub fn apply(netns: &Netns, plan: &Plan, backend: IptablesBackend) -> Result<(), ApplyError> {
     let lock = private_lock_dir()?;
     let lockfile = lock.path().join("xtables.lock");
@@ -153,14 +156,7 @@ pub fn apply(netns: &Netns, plan: &Plan, backend: IptablesBackend) -> Result<(),
         for rs in families {
             restore(backend, rs.family, &render(rs), &lockfile)?;
         }
-        if let Some(routes) = plan.tproxy_routes {
-            let mut families = vec![Family::V4];
-            if plan.v6.is_some() {
-                families.push(Family::V6);
-            }
-            program_tproxy_routes(routes, &families)?;
-        }
-        Ok(())
+        program_netlink(plan)
     })?
 }
 
@@ -236,9 +232,12 @@ fn restore(backend: IptablesBackend, family: Family, payload: &str, lockfile: &P
     Ok(())
 }
 
-/// `ip rule add fwmark <mark> lookup <table>` and `ip route add local default dev lo table <table>` for each
-/// family, over rtnetlink on the calling (netns) thread. Existing entries are fine (idempotent).
-fn program_tproxy_routes(routes: TproxyRoutes, families: &[Family]) -> Result<(), ApplyError> {
+/// The rtnetlink part of [`apply`], on one current-thread runtime on the calling (netns) thread: the IPv6
+/// passthrough address when the plan has IPv6 rules, TPROXY routing when it has routes. No runtime if neither.
+fn program_netlink(plan: &Plan) -> Result<(), ApplyError> {
+    if plan.v6.is_none() && plan.tproxy_routes.is_none() {
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -248,34 +247,12 @@ fn program_tproxy_routes(routes: TproxyRoutes, families: &[Family]) -> Result<()
             .map_err(|source| ApplyError::Setup { what: "open rtnetlink socket".into(), source })?;
         let conn = tokio::spawn(conn);
         let result = async {
-            for &family in families {
-                let what = format!("ip rule add fwmark {} lookup {}", routes.mark, routes.table);
-                let netlink_err = |what: String| move |source| ApplyError::Netlink { what, family, source };
-                // Without an explicit priority the kernel picks a new one each time, so EEXIST never fires:
-                // look for our rule first.
-                if !has_fwmark_rule(&handle, family, routes).await.map_err(netlink_err(what.clone()))? {
-                    let rule =
-                        handle.rule().add().fw_mark(routes.mark).table_id(routes.table).action(RuleAction::ToTable);
-                    let res = match family {
-                        Family::V4 => rule.v4().execute().await,
-                        Family::V6 => rule.v6().execute().await,
-                    };
-                    tolerate_exists(res).map_err(netlink_err(what))?;
-                }
-
-                let what = format!("ip route add local default dev lo table {}", routes.table);
-                let msg = match family {
-                    Family::V4 => local_default(
-                        RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(Ipv4Addr::UNSPECIFIED, 0),
-                        routes.table,
-                    ),
-                    Family::V6 => local_default(
-                        RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(Ipv6Addr::UNSPECIFIED, 0),
-                        routes.table,
-                    ),
-                };
-                let res = handle.route().add(msg).execute().await;
-                tolerate_exists(res).map_err(|source| ApplyError::Netlink { what, family, source })?;
+            if plan.v6.is_some() {
+                add_passthrough_v6(&handle).await?;
+            }
+            if let Some(routes) = plan.tproxy_routes {
+                let families: &[Family] = if plan.v6.is_some() { &[Family::V4, Family::V6] } else { &[Family::V4] };
+                add_tproxy_routes(&handle, routes, families).await?;
             }
             Ok(())
         }
@@ -283,6 +260,55 @@ fn program_tproxy_routes(routes: TproxyRoutes, families: &[Family]) -> Result<()
         conn.abort();
         result
     })
+}
+
+/// `ip -6 addr add ::6/128 dev lo nodad`: Envoy binds inbound passthrough connections to `::6`, which is not
+/// local until added (unlike 127.0.0.6). nodad makes it usable at once; an existing address is fine. No scope is
+/// requested: the kernel derives an IPv6 address's scope from the address itself (global for `::6`).
+async fn add_passthrough_v6(handle: &Handle) -> Result<(), ApplyError> {
+    let mut req = handle.address().add(LOOPBACK_IFINDEX, IpAddr::V6(PASSTHROUGH_SRC_V6), 128);
+    let msg = req.message_mut();
+    msg.header.flags = AddressHeaderFlags::Nodad;
+    msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+    tolerate_exists(req.execute().await).map_err(|source| ApplyError::Netlink {
+        what: format!("ip -6 addr add {PASSTHROUGH_SRC_V6}/128 dev lo nodad"),
+        family: Family::V6,
+        source,
+    })
+}
+
+/// `ip rule add fwmark <mark> lookup <table>` and `ip route add local default dev lo table <table>` for each
+/// family. Existing entries are fine (idempotent).
+async fn add_tproxy_routes(handle: &Handle, routes: TproxyRoutes, families: &[Family]) -> Result<(), ApplyError> {
+    for &family in families {
+        let what = format!("ip rule add fwmark {} lookup {}", routes.mark, routes.table);
+        let netlink_err = |what: String| move |source| ApplyError::Netlink { what, family, source };
+        // Without an explicit priority the kernel picks a new one each time, so EEXIST never fires:
+        // look for our rule first.
+        if !has_fwmark_rule(handle, family, routes).await.map_err(netlink_err(what.clone()))? {
+            let rule = handle.rule().add().fw_mark(routes.mark).table_id(routes.table).action(RuleAction::ToTable);
+            let res = match family {
+                Family::V4 => rule.v4().execute().await,
+                Family::V6 => rule.v6().execute().await,
+            };
+            tolerate_exists(res).map_err(netlink_err(what))?;
+        }
+
+        let what = format!("ip route add local default dev lo table {}", routes.table);
+        let msg = match family {
+            Family::V4 => local_default(
+                RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(Ipv4Addr::UNSPECIFIED, 0),
+                routes.table,
+            ),
+            Family::V6 => local_default(
+                RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(Ipv6Addr::UNSPECIFIED, 0),
+                routes.table,
+            ),
+        };
+        let res = handle.route().add(msg).execute().await;
+        tolerate_exists(res).map_err(|source| ApplyError::Netlink { what, family, source })?;
+    }
+    Ok(())
 }
 
 /// Whether a `fwmark <mark> lookup <table>` rule already exists for `family`.

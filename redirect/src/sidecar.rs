@@ -3,7 +3,7 @@
 //! [`build`] reproduces the rule order of Istio's generator exactly, because the goldens pin it and because
 //! order is semantics in iptables.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net};
 
@@ -35,7 +35,9 @@ const OUTBOUND_MARK: u32 = 1338;
 const DNS_PROXY_PORT: u16 = 15053;
 /// Source address the proxy uses for inbound passthrough connections.
 const PASSTHROUGH_SRC_V4: &str = "127.0.0.6/32";
-const PASSTHROUGH_SRC_V6: &str = "::6/128";
+/// IPv6 source of the proxy's inbound passthrough connections. Unlike 127.0.0.6 (inside 127/8) it is not local
+/// by default, so applying a plan with IPv6 rules adds it to `lo` (as istio-iptables does).
+pub(crate) const PASSTHROUGH_SRC_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
 const LOOPBACK_V6: &str = "::1/128";
 
 /// How inbound traffic reaches the proxy.
@@ -165,7 +167,8 @@ pub struct TproxyRoutes {
 pub struct Plan {
     /// IPv4 rules.
     pub v4: RuleSet,
-    /// IPv6 rules, present iff IPv6 is enabled.
+    /// IPv6 rules, present iff IPv6 is enabled. Applying them also adds the passthrough source `::6/128` to
+    /// `lo`, which these rules match on; no separate flag, since the address is needed exactly when they exist.
     pub v6: Option<RuleSet>,
     /// Policy routing for TPROXY mode (for every family in the plan).
     pub tproxy_routes: Option<TproxyRoutes>,
@@ -343,7 +346,7 @@ pub fn build(cfg: &SidecarConfig) -> Plan {
         b.both(Table::Nat, Rule::append(chains::OUTPUT, vec![tcp(), dport(port)], Target::Return));
         b.both(Table::Nat, Rule::append(chains::OUTPUT, vec![udp(), dport(port)], Target::Return));
     }
-    b.versioned(Table::Nat, net(PASSTHROUGH_SRC_V4), net(PASSTHROUGH_SRC_V6), |s| {
+    b.versioned(Table::Nat, net(PASSTHROUGH_SRC_V4), IpNet::from(IpAddr::V6(PASSTHROUGH_SRC_V6)), |s| {
         Rule::append(chains::OUTPUT, vec![out_if("lo"), src(s)], Target::Return)
     });
     let keep_lo_return = !include.has_loopback();
@@ -595,7 +598,7 @@ fn tproxy_extras(b: &mut Builder, cfg: &SidecarConfig, lo4: IpNet, lo6: IpNet) {
     let connmark = Match::Connmark { value: m, mask: None, negate: false };
     b.both(Table::Mangle, Rule::append("OUTPUT", vec![tcp(), connmark], Target::RestoreConnmark));
     b.both(Table::Mangle, Rule::insert(chains::INBOUND, 1, vec![tcp(), mark(m, false)], Target::Return));
-    b.versioned(Table::Mangle, net(PASSTHROUGH_SRC_V4), net(PASSTHROUGH_SRC_V6), |s| {
+    b.versioned(Table::Mangle, net(PASSTHROUGH_SRC_V4), IpNet::from(IpAddr::V6(PASSTHROUGH_SRC_V6)), |s| {
         Rule::insert(chains::INBOUND, 2, vec![tcp(), src(s), in_if("lo")], Target::Return)
     });
     b.both(

@@ -160,6 +160,35 @@ fn tproxy_plan_programs_policy_routing_for_both_families() {
     }
 }
 
+/// `ip -6 -j addr show dev lo` inside the netns, and how many of its addresses are `::6`.
+fn passthrough_v6_on_lo(t: &TestNetns) -> (usize, String) {
+    let json = t.exec(&["ip", "-6", "-j", "addr", "show", "dev", "lo"]);
+    (json.matches(r#""local":"::6""#).count(), json)
+}
+
+#[test]
+fn ipv6_plan_adds_passthrough_source_to_lo_once() {
+    let t = TestNetns::new();
+    let plan = build(&SidecarConfig { enable_ipv6: true, ..sidecar_cfg() });
+    apply(&t.ns, &plan, IptablesBackend::Nft).expect("apply v6 plan");
+    apply(&t.ns, &plan, IptablesBackend::Nft).expect("re-apply v6 plan");
+
+    let (count, json) = passthrough_v6_on_lo(&t);
+    assert_eq!(count, 1, "::6 must be on lo exactly once:\n{json}");
+    assert!(json.contains(r#""local":"::6","prefixlen":128,"scope":"global","nodad":true"#), "{json}");
+    // What Envoy does with it: bind the passthrough source (fails with EADDRNOTAVAIL if absent or tentative).
+    let bound = t.ns.run(|| std::net::TcpListener::bind("[::6]:0").map(drop)).expect("enter netns");
+    bound.expect("bind [::6]:0 inside the netns");
+}
+
+#[test]
+fn ipv4_only_plan_leaves_lo_without_passthrough_v6() {
+    let t = TestNetns::new();
+    apply(&t.ns, &build(&sidecar_cfg()), IptablesBackend::Nft).expect("apply v4 plan");
+    let (count, json) = passthrough_v6_on_lo(&t);
+    assert_eq!(count, 0, "{json}");
+}
+
 #[test]
 fn forced_binary_wins_and_unknown_is_rejected() {
     assert_eq!(detect_backend(Some("iptables-legacy")).unwrap(), IptablesBackend::Legacy);
