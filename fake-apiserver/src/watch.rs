@@ -136,6 +136,8 @@ async fn run(cluster: Cluster, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
             }
         };
         tokio::select! {
+            // Ending on drop_watches()/shutdown takes precedence over delivering more events.
+            biased;
             _ = drops.changed() => return,
             r = changed.changed() => if r.is_err() { return },
             _ = timeout => return,
