@@ -32,16 +32,22 @@ use tokio::sync::oneshot;
 /// Everything that can go wrong starting or controlling a fake server.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The listen address could not be bound.
     #[error("binding the fake apiserver to {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    /// The server thread or its tokio runtime could not be created.
     #[error("starting the fake apiserver runtime: {0}")]
     Runtime(std::io::Error),
+    /// A test control or seed file named a kind the fake does not serve.
     #[error("object kind {0:?} is not served by the fake apiserver")]
     UnknownKind(String),
+    /// The object is invalid for the API (e.g. no name, wrong apiVersion for its kind).
     #[error("object rejected: {0}")]
     Rejected(String),
+    /// A seed file is neither valid JSON nor valid YAML.
     #[error("parsing seed objects: {0}")]
     ParseSeed(String),
+    /// The kubeconfig file could not be written.
     #[error("writing kubeconfig {path}: {source}")]
     WriteKubeconfig { path: PathBuf, source: std::io::Error },
 }
