@@ -80,6 +80,13 @@ impl FakeApiServer {
     /// Starts an empty server on `addr` (port 0 picks a free port).
     pub fn start_on(addr: SocketAddr) -> Result<FakeApiServer, Error> {
         let listener = std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
+        FakeApiServer::start_with_listener(listener)
+    }
+
+    /// Serves on an already bound listener, e.g. one created inside a test's "node" network namespace so
+    /// that plugins running there reach the server on that namespace's loopback.
+    pub fn start_with_listener(listener: std::net::TcpListener) -> Result<FakeApiServer, Error> {
+        let addr = SocketAddr::from(([0, 0, 0, 0], 0));
         let bound = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
         listener.set_nonblocking(true).map_err(|source| Error::Bind { addr, source })?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;

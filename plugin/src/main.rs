@@ -38,8 +38,15 @@ fn reply_version(stdin: &[u8]) -> String {
         .unwrap_or_else(|| Version::LATEST.to_string())
 }
 
+/// Where iptables lives on every distribution we know; used when the runtime gives us no PATH at all.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 fn main() {
     std::panic::set_hook(Box::new(|info| eprintln!("istio-cni: panic: {info}")));
+    // Runtimes may exec plugins with a sanitized environment; still find the host's iptables.
+    if std::env::var_os("PATH").is_none_or(|p| p.is_empty()) {
+        std::env::set_var("PATH", DEFAULT_PATH);
+    }
     let env: HashMap<String, String> =
         std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
     let stdin = read_stdin();

@@ -5,6 +5,7 @@
 //! Everything here drives the real kernel and real binaries; it needs root.
 
 pub mod bins;
+pub mod mesh;
 pub mod netns_guard;
 pub mod node;
 pub mod podman;
@@ -12,6 +13,7 @@ pub mod runtime;
 pub mod spy;
 pub mod tcp;
 
+pub use mesh::Cluster;
 pub use netns_guard::NetnsGuard;
 pub use node::{Node, Pod};
 pub use runtime::{NetworkConfigList, PluginError, RawOutput, Runtime, RuntimeConf, RuntimeError};

@@ -139,7 +139,13 @@ impl Node {
     /// Like [`Node::add_pod`] but returns ADD's error; on error the attachment is torn down with DEL (as
     /// containerd does) and the pod netns removed.
     pub fn try_add_pod(&self, name: &str, namespace: &str, extra_plugins: Vec<Value>) -> Result<Pod, RuntimeError> {
-        let list = NetworkConfigList::from_value(self.conflist(extra_plugins))?;
+        self.try_add_pod_with(self.conflist(extra_plugins), name, namespace)
+    }
+
+    /// Like [`Node::try_add_pod`] with a conflist the test built itself (e.g. another cniVersion or a
+    /// dual-stack IPAM range).
+    pub fn try_add_pod_with(&self, conflist: Value, name: &str, namespace: &str) -> Result<Pod, RuntimeError> {
+        let list = NetworkConfigList::from_value(conflist)?;
         let netns = self.pod_netns();
         let id = format!("{}-{name}", netns.name());
         let conf = RuntimeConf::new(&id, netns.path())

@@ -96,13 +96,42 @@ impl Podman {
     /// `podman run --rm --name <name> --network <network> --rootfs <rootfs> <argv...>` with `CNI_ARGS`
     /// from `cni_args`, under a deadline.
     pub fn run(&self, network: &str, name: &str, cni_args: &[(&str, &str)], argv: &[&str]) -> RawOutput {
+        self.run_with(&["--rm"], network, name, cni_args, argv)
+    }
+
+    /// Like [`Podman::run`] but keeps the container, so a test can observe DEL at [`Podman::rm`].
+    pub fn run_kept(&self, network: &str, name: &str, cni_args: &[(&str, &str)], argv: &[&str]) -> RawOutput {
+        self.run_with(&[], network, name, cni_args, argv)
+    }
+
+    /// `podman rm <name>`: tears the container's network down (CNI DEL).
+    pub fn rm(&self, name: &str) -> RawOutput {
+        let mut cmd = self.command();
+        cmd.args(["rm", name]);
+        self.exec(cmd)
+    }
+
+    fn run_with(
+        &self,
+        extra: &[&str],
+        network: &str,
+        name: &str,
+        cni_args: &[(&str, &str)],
+        argv: &[&str],
+    ) -> RawOutput {
         let mut cmd = self.command();
         let args: Vec<String> = cni_args.iter().map(|(k, v)| format!("{k}={v}")).collect();
         cmd.env("CNI_ARGS", args.join(";"))
-            .args(["run", "--rm", "--name", name, "--network", network, "--rootfs"])
+            .arg("run")
+            .args(extra)
+            .args(["--name", name, "--network", network, "--rootfs"])
             .arg(self.rootfs())
             .args(argv);
+        self.exec(cmd)
+    }
+
+    fn exec(&self, cmd: Command) -> RawOutput {
         exec::run(cmd, Path::new("podman"), self.netns.as_deref(), Vec::new(), PODMAN_DEADLINE)
-            .unwrap_or_else(|e| panic!("podman run: {e}"))
+            .unwrap_or_else(|e| panic!("podman: {e}"))
     }
 }

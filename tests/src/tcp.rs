@@ -3,6 +3,7 @@
 //! (e.g. 1337, the proxy's uid that redirect rules exempt).
 
 use std::net::{SocketAddr, SocketAddrV4, TcpListener};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -58,12 +59,22 @@ impl NetnsGuard {
     /// Listens on `0.0.0.0:port` inside this netns (bound before returning, so connecting right after is
     /// race-free) and accepts one connection on a background thread, closing it immediately.
     pub fn listen_tcp(&self, port: u16) -> TcpProbe {
+        self.listen(port, false)
+    }
+
+    /// Like [`NetnsGuard::listen_tcp`] with `IP_TRANSPARENT` set, as a TPROXY proxy listens: it accepts
+    /// connections addressed to any IP, and the accepted socket's local address is the original destination.
+    pub fn listen_tcp_transparent(&self, port: u16) -> TcpProbe {
+        self.listen(port, true)
+    }
+
+    fn listen(&self, port: u16, transparent: bool) -> TcpProbe {
         let ns = self.open().unwrap_or_else(|e| panic!("open netns {}: {e}", self.name()));
         let (ready_tx, ready_rx) = mpsc::channel();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let ran = ns.run(|| {
-                let listener = match TcpListener::bind(("0.0.0.0", port)).and_then(|l| {
+                let listener = match bind(port, transparent).and_then(|l| {
                     l.set_nonblocking(true)?;
                     Ok((l.local_addr()?, l))
                 }) {
@@ -106,6 +117,18 @@ impl NetnsGuard {
             Err(format!("{}: {}", out.status, out.stderr_str().trim()))
         }
     }
+}
+
+fn bind(port: u16, transparent: bool) -> std::io::Result<TcpListener> {
+    use nix::sys::socket::{self, sockopt, AddressFamily, Backlog, SockFlag, SockType, SockaddrIn};
+    let fd = socket::socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    socket::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    if transparent {
+        socket::setsockopt(&fd, sockopt::IpTransparent, &true)?;
+    }
+    socket::bind(fd.as_raw_fd(), &SockaddrIn::new(0, 0, 0, 0, port))?;
+    socket::listen(&fd, Backlog::new(16).map_err(std::io::Error::from)?)?;
+    Ok(TcpListener::from(fd))
 }
 
 fn accept_one(listener: &TcpListener) -> Result<Accepted, String> {
