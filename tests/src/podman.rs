@@ -7,7 +7,8 @@
 //! - `--rootfs` is a boolean: the first positional argument is the rootfs dir, so every other flag must
 //!   come *before* it (flags after it become the container command).
 //! - The sandbox lacks CAP_SYS_RESOURCE, so podman's default rlimits (nofile 1048576) make runc fail;
-//!   `default_ulimits` lowers them.
+//!   every run passes explicit `--ulimit nofile=4096:4096 --ulimit nproc=4096:4096`, and `default_ulimits`
+//!   sets the same for any other podman command.
 //! - `lock_type = "file"` keeps locks in the temp dir instead of the shared `/dev/shm/libpod_lock`.
 //! - podman must be spawned with a plain `setns` into the node netns (not `ip netns exec`, which remounts
 //!   /sys and hides the cgroup mount from runc). Plugins then run in the node netns.
@@ -124,6 +125,7 @@ impl Podman {
         cmd.env("CNI_ARGS", args.join(";"))
             .arg("run")
             .args(extra)
+            .args(["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"])
             .args(["--name", name, "--network", network, "--rootfs"])
             .arg(self.rootfs())
             .args(argv);
