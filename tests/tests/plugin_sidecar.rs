@@ -270,3 +270,15 @@ fn pods_with_ipv6_addresses_get_ip6tables_rules() {
     assert!(v6_rules.contains("-A ISTIO_OUTPUT -s ::6/128 -o lo -j RETURN"), "{v6_rules}");
     assert!(dual.netns.exec_ok(&["ip", "-6", "addr", "show", "dev", "lo"]).contains("::6/128"));
 }
+
+#[test]
+fn add_does_not_wait_for_the_hosts_xtables_lock() {
+    let mut c = Cluster::new();
+    c.plugin_overrides = json!({ "force_iptables_binary": "iptables-legacy" });
+    // kube-proxy holding the host's xtables lock must not stall pod creation: the pod netns has its own tables.
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/run/xtables.lock").unwrap();
+    let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).expect("take xtables lock");
+    let web = c.run(&sidecar_pod("shop", "web"));
+    assert!(web.netns.exec_ok(&["iptables-legacy-save"]).contains("ISTIO_REDIRECT"));
+    drop(held);
+}
