@@ -18,6 +18,14 @@ fn api_error(result: Result<impl std::fmt::Debug, kube::Error>) -> (u16, String)
     }
 }
 
+/// How long a faulted request may take before the test fails instead of waiting on client retries.
+const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Awaits `call`, failing the test if it does not finish within [`ANSWER_DEADLINE`].
+async fn answered<T>(call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(ANSWER_DEADLINE, call).await.expect("the request finishes without long client retries")
+}
+
 fn names(list: &kube::core::ObjectList<Pod>) -> Vec<String> {
     list.items.iter().map(|p| p.name_any()).collect()
 }
@@ -168,22 +176,29 @@ async fn request_log_and_faults() {
     assert_eq!(log[1].param("labelSelector").as_deref(), Some("a=b"));
     assert!(!log[1].is_watch());
 
-    // 500 rather than 503: kube retries 429/503/504 with backoff.
+    // 500 rather than 503: kube retries 429/503/504 up to 15 times with exponential backoff (minutes in
+    // total), so a retryable code here would stall the test instead of failing it.
     server.set_fault(Some(Fault::Status(500)));
-    assert_eq!(api_error(pods.get("p").await), (500, "InternalError".into()));
+    assert_eq!(api_error(answered(pods.get("p")).await), (500, "InternalError".into()));
 
+    // The server closes a kept-alive connection when the request arrives and a new one right after accept;
+    // the first request normally rides the pooled connection, which leaves the second a new one.
     server.set_fault(Some(Fault::Refuse));
-    match pods.get("p").await {
-        Err(kube::Error::Api(status)) => panic!("a refused connection must not produce a response: {status:?}"),
-        Err(_) => {}
-        Ok(p) => panic!("request succeeded despite the Refuse fault: {p:?}"),
+    for attempt in ["first request", "second request"] {
+        match answered(pods.get("p")).await {
+            Err(kube::Error::Service(_)) => {}
+            other => panic!("{attempt}: a refused connection must fail in transport, got {other:?}"),
+        }
     }
 
     let delay = Duration::from_millis(300);
     server.set_fault(Some(Fault::Delay(delay)));
+    let early = tokio::time::timeout(delay / 3, pods.get("p")).await;
+    assert!(early.is_err(), "a client that gives up before the delay gets no answer: {early:?}");
     let started = Instant::now();
-    pods.get("p").await.unwrap();
-    assert!(started.elapsed() >= delay, "the delay fault holds the request");
+    answered(pods.get("p")).await.unwrap();
+    let took = started.elapsed();
+    assert!(took >= delay && took < delay + ANSWER_DEADLINE / 2, "the delay fault holds the request {took:?}");
 
     server.set_fault(None);
     server.clear_requests();
