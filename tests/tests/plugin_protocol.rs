@@ -134,6 +134,9 @@ fn del_succeeds_whatever_is_missing_and_when_repeated() {
     }
 }
 
+/// A hostile-input case: name, environment, stdin, expected spec error code.
+type Case = (String, Vec<(&'static str, String)>, Vec<u8>, u64);
+
 #[test]
 fn hostile_input_gets_spec_errors_and_never_a_panic() {
     let p = Plugin::new();
@@ -145,7 +148,7 @@ fn hostile_input_gets_spec_errors_and_never_a_panic() {
             .map(|(k, v)| (k, v.to_string()))
             .collect()
     };
-    let mut cases: Vec<(String, Vec<(&str, String)>, Vec<u8>, u64)> = vec![
+    let mut cases: Vec<Case> = vec![
         ("malformed JSON".into(), add(""), b"{\"cniVersion\": \"1.0.0\",".to_vec(), 6),
         ("invalid UTF-8".into(), add(""), vec![0xff, 0xfe, b'{', b'}'], 6),
         ("oversized stdin".into(), add(""), vec![b' '; 5 << 20], 6),
