@@ -1,52 +1,28 @@
 //! Kernel tests for the apply step: real netns, real iptables binaries (nft and legacy), real policy routing.
 
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use netns::Netns;
 use redirect::apply::{apply, detect_backend, dump, remove, ApplyError, IptablesBackend};
 use redirect::model::{Family, Match, OwnerId, Rule, Table, Target};
 use redirect::sidecar::{build, CidrSpec, InterceptMode, Plan, PortSpec, SidecarConfig};
+use tests::NetnsGuard;
 
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// A named netns created with `ip netns add`, deleted on drop (also on panic).
+/// A fresh netns (removed on drop, also on panic) with an open handle for the apply step.
 struct TestNetns {
-    name: String,
+    guard: NetnsGuard,
     ns: Netns,
 }
 
 impl TestNetns {
     fn new() -> Self {
-        let name = format!("redirect-test-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
-        ip(&["netns", "add", &name]);
-        let guard_name = name.clone();
-        let ns = Netns::open(format!("/var/run/netns/{name}")).unwrap_or_else(|e| {
-            ip(&["netns", "del", &guard_name]);
-            panic!("open netns {guard_name}: {e}")
-        });
-        let t = Self { name, ns };
-        t.exec(&["ip", "link", "set", "lo", "up"]);
-        t
+        let guard = NetnsGuard::new("redirect-test");
+        let ns = guard.open().unwrap_or_else(|e| panic!("open netns {}: {e}", guard.name()));
+        Self { guard, ns }
     }
 
     /// Runs a command inside the netns (tests only) and returns its stdout.
     fn exec(&self, args: &[&str]) -> String {
-        let out = Command::new("ip").args(["netns", "exec", &self.name]).args(args).output().expect("ip netns exec");
-        assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.guard.exec_ok(args)
     }
-}
-
-impl Drop for TestNetns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
-    }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The plan the CNI plugin programs for a default sidecar pod.
