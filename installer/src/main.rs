@@ -1,1 +1,117 @@
-fn main() {}
+//! `install-cni`: installs the istio-cni plugin on this node and keeps it installed until SIGTERM.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use daemon::drain::{Drain, DrainMode};
+use daemon::probes::{self, ProbeState};
+use installer::agent::Agent;
+use installer::config::Config;
+use installer::metrics::Metrics;
+use installer::safe_upgrade::{self, Verdict};
+use notify::{RecursiveMode, Watcher as _};
+use prometheus_client::registry::Registry;
+
+/// Re-check even without events, in case the kernel dropped some (inotify queue overflow).
+const RESYNC: Duration = Duration::from_secs(30);
+
+fn main() {
+    let config = match Config::load() {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = config.validate() {
+        eprintln!("install-cni: invalid configuration: {e}");
+        std::process::exit(2);
+    }
+    daemon::logging::init(&config.log_level, config.log_json);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    if let Err(e) = runtime.block_on(run(config)) {
+        tracing::error!("install-cni failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    tracing::info!(config = ?config, "starting");
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let probe = ProbeState::new(Arc::new(Mutex::new(registry)));
+    let (drain_trigger, drain) = Drain::new();
+    for port in [config.readiness_port, config.monitoring_port] {
+        let listener = probes::bind(SocketAddr::new(config.listen_address, port)).await?;
+        tokio::spawn(probes::serve(listener, probe.clone(), drain.clone()));
+    }
+
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let _ = tx.send(event);
+    })
+    .context("create file watcher")?;
+    let mut agent = Agent::new(config.clone(), metrics, probe.clone());
+    for dir in agent.watched_dirs() {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create watched dir");
+        }
+        watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("watch {}", dir.display()))?;
+    }
+    agent.start()?;
+
+    let mut resync = tokio::time::interval(RESYNC);
+    resync.reset();
+    let signal = daemon::signals::shutdown_signal();
+    tokio::pin!(signal);
+    loop {
+        tokio::select! {
+            sig = &mut signal => {
+                tracing::info!(signal = ?sig, "shutting down");
+                break;
+            }
+            Some(event) = events.recv() => {
+                let mut why = describe(&event);
+                while let Ok(more) = events.try_recv() {
+                    why = describe(&more);
+                }
+                agent.reconcile(&why);
+            }
+            _ = resync.tick() => agent.reconcile("periodic resync"),
+        }
+    }
+    drop(watcher);
+    if keep_installed(&config).await {
+        tracing::info!("safe upgrade: our DaemonSet still targets this node, leaving the plugin installed");
+    } else {
+        agent.cleanup();
+    }
+    drain_trigger.start(DrainMode::Graceful);
+    let _ = tokio::time::timeout(Duration::from_secs(5), drain_trigger.drained()).await;
+    Ok(())
+}
+
+fn describe(event: &notify::Result<notify::Event>) -> String {
+    match event {
+        Ok(e) => format!("{:?} {:?}", e.kind, e.paths),
+        Err(e) => format!("watch error: {e}"),
+    }
+}
+
+/// Safe upgrade applies with ambient on and not disabled; API errors keep the install (fail closed: pods wait
+/// for the next agent rather than start outside the mesh).
+async fn keep_installed(config: &Config) -> bool {
+    if !config.ambient_enabled || config.ambient_disable_safe_upgrade {
+        return false;
+    }
+    match safe_upgrade::verdict(&config.pod_namespace, &config.node_name).await {
+        Ok(Verdict::KeepInstalled) => true,
+        Ok(Verdict::CleanUp(reason)) => {
+            tracing::info!(%reason, "uninstalling");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell upgrade from uninstall; keeping the plugin installed");
+            true
+        }
+    }
+}

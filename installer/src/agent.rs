@@ -1,0 +1,337 @@
+//! The install itself and its upkeep: put binaries, kubeconfig and CNI config on the node, re-check them on
+//! every change, repair what broke, and report readiness.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use daemon::probes::ProbeState;
+
+use crate::binaries::{self, BinError, InstalledBinary};
+use crate::cniconf::{self, Change, ConfSettings, Desired, Invalid, PluginEntry};
+use crate::config::Config;
+use crate::fight::{likely_culprit, FightDetector};
+use crate::journal::{original_bytes, ConfRecord, Journal};
+use crate::kubeconfig::{self, KubeconfigSettings};
+use crate::metrics::Metrics;
+
+/// Failures that stop the agent at startup.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Binaries could not be installed.
+    #[error(transparent)]
+    Binaries(#[from] BinError),
+    /// The run dir could not be created.
+    #[error("create run dir {path}: {source}")]
+    RunDir {
+        /// The run dir.
+        path: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// The installer's state between reconcile passes.
+pub struct Agent {
+    config: Config,
+    settings: ConfSettings,
+    entry: PluginEntry,
+    kube: KubeconfigSettings,
+    binaries: Vec<InstalledBinary>,
+    /// The file holding our config, once written.
+    installed_conf: Option<PathBuf>,
+    journal: Journal,
+    metrics: Metrics,
+    probe: ProbeState,
+    fight: FightDetector,
+}
+
+impl Agent {
+    /// Builds the agent from its config; nothing is written yet.
+    pub fn new(config: Config, metrics: Metrics, probe: ProbeState) -> Self {
+        let settings = ConfSettings {
+            chained: config.chained_cni_plugin,
+            conf_name: Some(config.cni_conf_name.clone()).filter(|n| !n.is_empty()),
+            owned_filename: config.istio_owned_cni_config.then(|| config.istio_owned_cni_config_filename.clone()),
+            ambient: config.ambient_enabled,
+        };
+        let entry = PluginEntry {
+            plugin_log_level: config.plugin_log_level.clone(),
+            cni_agent_run_dir: config.cni_agent_run_dir.display().to_string(),
+            ambient_enabled: config.ambient_enabled,
+            enablement_selectors: config.ambient_enablement_selector.clone(),
+            exclude_namespaces: Some(config.exclude_namespaces.clone()).filter(|n| !n.is_empty()),
+            pod_namespace: config.pod_namespace.clone(),
+            native_nftables: config.native_nftables,
+            enable_ambient_detection_retry: config.enable_ambient_detection_retry,
+        };
+        let nonempty = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+        let kube = KubeconfigSettings {
+            protocol: nonempty(&config.kubernetes_service_protocol),
+            host: nonempty(&config.kubernetes_service_host),
+            port: nonempty(&config.kubernetes_service_port),
+            ca_file: config.kube_ca_file.clone(),
+            skip_tls_verify: config.skip_tls_verify,
+            service_account_dir: config.service_account_dir.clone(),
+        };
+        let journal = Journal::load(&config.cni_agent_run_dir);
+        let fight = FightDetector::new(config.config_fight_threshold, config.config_fight_window);
+        Self {
+            config,
+            settings,
+            entry,
+            kube,
+            binaries: Vec::new(),
+            installed_conf: None,
+            journal,
+            metrics,
+            probe,
+            fight,
+        }
+    }
+
+    /// Directories whose changes can invalidate the install.
+    pub fn watched_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![self.config.mounted_cni_net_dir.clone(), self.config.service_account_dir.clone()];
+        dirs.extend(self.config.target_bin_dirs());
+        dirs
+    }
+
+    /// The first install: binaries (fatal on failure), then everything else through [`Agent::reconcile`].
+    pub fn start(&mut self) -> Result<(), StartError> {
+        let run_dir = &self.config.cni_agent_run_dir;
+        std::fs::create_dir_all(run_dir).map_err(|source| StartError::RunDir { path: run_dir.clone(), source })?;
+        self.install_binaries()?;
+        self.reconcile("startup");
+        Ok(())
+    }
+
+    fn install_binaries(&mut self) -> Result<(), BinError> {
+        let result = binaries::install(&self.config.cni_bin_source_dir, &self.config.target_bin_dirs());
+        self.metrics.install(result.is_ok());
+        self.binaries = result?;
+        for bin in &self.binaries {
+            self.journal.binary(&bin.path);
+        }
+        self.save_journal();
+        Ok(())
+    }
+
+    /// Checks everything, repairs what is invalid and updates readiness. `trigger` says why, for the logs.
+    pub fn reconcile(&mut self, trigger: &str) {
+        if let Some(problem) = self.binaries.iter().find_map(InstalledBinary::problem) {
+            tracing::warn!(%trigger, %problem, "reinstalling binaries");
+            if let Err(e) = self.install_binaries() {
+                tracing::error!(error = %e, "binary reinstall failed");
+            }
+        }
+        if let Err(e) = self.ensure_kubeconfig() {
+            tracing::error!(error = %e, "kubeconfig");
+        }
+        if let Err(problem) = self.ensure_conf(trigger) {
+            self.not_ready(problem);
+            return;
+        }
+        match self.problem() {
+            None => {
+                if !self.probe.is_ready() {
+                    tracing::info!("install is valid: ready");
+                }
+                self.probe.set_ready();
+                self.metrics.ready.set(1);
+            }
+            Some(problem) => self.not_ready(problem),
+        }
+    }
+
+    fn not_ready(&self, reason: String) {
+        if self.probe.reason().as_deref() != Some(reason.as_str()) {
+            tracing::warn!(%reason, "not ready");
+        }
+        self.probe.set_not_ready(reason);
+        self.metrics.ready.set(0);
+    }
+
+    /// The first thing that makes the install invalid, if any.
+    fn problem(&self) -> Option<String> {
+        if let Some(p) = self.binaries.iter().find_map(InstalledBinary::problem) {
+            return Some(p);
+        }
+        let path = self.config.kubeconfig_path();
+        match kubeconfig::render(&self.kube) {
+            Ok(want) if std::fs::read(&path).ok().as_deref() != Some(want.as_bytes()) => {
+                return Some(format!("kubeconfig {} is missing or stale", path.display()));
+            }
+            Err(e) => return Some(format!("kubeconfig: {e}")),
+            Ok(_) => {}
+        }
+        let installed = self.installed_conf.as_ref()?;
+        cniconf::check(&self.config.mounted_cni_net_dir, &self.settings, &self.entry, installed)
+            .err()
+            .map(|e| e.to_string())
+    }
+
+    /// Writes the kubeconfig when it is missing or differs (e.g. the projected token rotated).
+    fn ensure_kubeconfig(&mut self) -> Result<(), kubeconfig::KubeconfigError> {
+        let want = kubeconfig::render(&self.kube)?;
+        let path = self.config.kubeconfig_path();
+        if std::fs::read(&path).ok().as_deref() == Some(want.as_bytes()) {
+            return Ok(());
+        }
+        match crate::atomic::write_atomic(&path, want.as_bytes(), self.config.kubeconfig_mode) {
+            Ok(()) => {
+                tracing::info!(kubeconfig = %path.display(), "wrote kubeconfig (token not logged)");
+                self.journal.kubeconfig = Some(path);
+                self.save_journal();
+            }
+            Err(e) => tracing::error!(kubeconfig = %path.display(), error = %e, "cannot write kubeconfig"),
+        }
+        Ok(())
+    }
+
+    /// Makes sure our CNI config is in effect; `Err` carries the not-ready reason.
+    fn ensure_conf(&mut self, trigger: &str) -> Result<(), String> {
+        let dir = self.config.mounted_cni_net_dir.clone();
+        let invalid = match &self.installed_conf {
+            Some(path) => match cniconf::check(&dir, &self.settings, &self.entry, path) {
+                Ok(()) => return Ok(()),
+                Err(e) => Some(e),
+            },
+            None => None,
+        };
+        if let Some(why) = &invalid {
+            tracing::warn!(%trigger, reason = %why, "CNI config invalid, reinstalling");
+            if matches!(why, Invalid::EntryMissing { .. } | Invalid::EntryChanged { .. } | Invalid::Missing { .. }) {
+                self.reverted(why);
+            }
+        }
+        let plan = match cniconf::desired(&dir, &self.settings, &self.entry) {
+            Ok(Some(plan)) => plan,
+            Ok(None) => return Err(format!("waiting for a primary CNI config in {}", dir.display())),
+            Err(e) => {
+                self.metrics.install(false);
+                return Err(e.to_string());
+            }
+        };
+        self.write_conf(&plan).map_err(|e| {
+            self.metrics.install(false);
+            e
+        })
+    }
+
+    fn write_conf(&mut self, plan: &Desired) -> Result<(), String> {
+        if let Some(from) = &plan.replaces {
+            if let Err(e) = self.journal.converting(from, &plan.target) {
+                return Err(format!("cannot record {} before converting it: {e}", from.display()));
+            }
+        }
+        let existed = plan.target.exists();
+        let change = cniconf::apply(plan).map_err(|e| e.to_string())?;
+        tracing::info!(change = ?change, "CNI config installed");
+        match change {
+            Change::Wrote(file) if plan.primary.as_ref() == Some(&file) => {
+                self.journal.conf(ConfRecord::Inserted { file })
+            }
+            Change::Wrote(file) if !existed => self.journal.conf(ConfRecord::Created { file }),
+            _ => {}
+        }
+        self.save_journal();
+        self.metrics.install(true);
+        self.installed_conf = Some(plan.target.clone());
+        Ok(())
+    }
+
+    fn reverted(&mut self, why: &Invalid) {
+        if !self.fight.record(Instant::now()) {
+            return;
+        }
+        let file = self.installed_conf.clone().unwrap_or_default();
+        let contested = std::fs::read(&file).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        self.metrics.config_fights.inc();
+        tracing::warn!(
+            file = %file.display(),
+            culprit = likely_culprit(&contested),
+            last = %why,
+            threshold = self.config.config_fight_threshold,
+            window_secs = self.config.config_fight_window.as_secs(),
+            "config fight: another writer keeps reverting the istio-cni entry; still restoring it"
+        );
+    }
+
+    fn save_journal(&self) {
+        if let Err(e) = self.journal.save() {
+            tracing::error!(error = %e, "cannot save install journal");
+        }
+    }
+
+    /// Reverts exactly what the journal says we changed: our entry, files we created, a converted `.conf`
+    /// (restored byte for byte when nobody else changed the list), the kubeconfig and our binaries.
+    pub fn cleanup(&mut self) {
+        self.probe.set_not_ready("uninstalling");
+        self.metrics.ready.set(0);
+        let dir = &self.config.mounted_cni_net_dir;
+        match cniconf::cleanup(dir, &self.settings) {
+            Ok(changes) => changes.iter().for_each(|c| tracing::info!(change = ?c, "cleanup")),
+            Err(e) => tracing::error!(error = %e, "cleanup of CNI config"),
+        }
+        for record in self.journal.conf.clone() {
+            revert(&record);
+        }
+        if let Some(path) = &self.journal.kubeconfig {
+            remove(path);
+        }
+        binaries::uninstall(&self.binaries);
+        for path in &self.journal.binaries {
+            remove(path);
+        }
+        self.journal.remove();
+    }
+}
+
+fn revert(record: &ConfRecord) {
+    match record {
+        ConfRecord::Inserted { file } => {
+            if let Err(e) = cniconf::strip_file(file) {
+                tracing::error!(file = %file.display(), error = %e, "cannot remove our entry");
+            }
+        }
+        ConfRecord::Created { file } => remove(file),
+        ConfRecord::Converted { from, to, original, mode } => {
+            if let Err(e) = cniconf::strip_file(to) {
+                tracing::error!(file = %to.display(), error = %e, "cannot remove our entry");
+                return;
+            }
+            restore_conversion(from, to, original, *mode);
+        }
+    }
+}
+
+/// Puts the original `.conf` back when the `.conflist` still holds exactly its one plugin (nobody else changed it).
+fn restore_conversion(from: &Path, to: &Path, original: &str, mode: u32) {
+    let Some(original) = original_bytes(original) else { return };
+    let parse = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).ok();
+    let (Some(mut plugin), Some(list)) = (parse(&original), std::fs::read(to).ok().and_then(|b| parse(&b))) else {
+        return;
+    };
+    if let Some(p) = plugin.as_object_mut() {
+        p.remove("cniVersion");
+    }
+    if list["plugins"].as_array().map(Vec::as_slice) != Some(std::slice::from_ref(&plugin)) {
+        tracing::info!(file = %to.display(), "list changed since we converted it; leaving it as a list");
+        return;
+    }
+    match crate::atomic::write_atomic(from, &original, mode) {
+        Ok(()) => {
+            remove(to);
+            tracing::info!(restored = %from.display(), "restored the original single-plugin config");
+        }
+        Err(e) => tracing::error!(file = %from.display(), error = %e, "cannot restore original config"),
+    }
+}
+
+fn remove(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(file = %path.display(), "removed"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot remove"),
+    }
+}

@@ -1,0 +1,242 @@
+//! install-cni's configuration: flags with matching env vars, named as Istio's chart sets them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{ArgAction, Parser};
+
+/// Istio's default ambient enablement selectors: the pod label, or the namespace label unless the pod opts out.
+const DEFAULT_ENABLEMENT_SELECTORS: &str = r#"[{"podSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}},{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}}]"#;
+
+/// Every setting of the agent. Validated once in [`Config::validate`] and passed down by reference.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "install-cni", about = "Installs istio-cni on this node and keeps it installed")]
+pub struct Config {
+    /// Primary CNI config file to chain into; empty means the first valid file in lexical order.
+    #[arg(long, env = "CNI_CONF_NAME", default_value = "")]
+    pub cni_conf_name: String,
+    /// Chain into the primary config (true) or write a standalone config (false).
+    #[arg(long, env = "CHAINED_CNI_PLUGIN", default_value_t = true, action = ArgAction::Set)]
+    pub chained_cni_plugin: bool,
+    /// The host's CNI config dir, as mounted into the container.
+    #[arg(long, env = "MOUNTED_CNI_NET_DIR", default_value = "/host/etc/cni/net.d")]
+    pub mounted_cni_net_dir: PathBuf,
+    /// Run dir shared with the plugin and the node agent (kubeconfig, socket, logs).
+    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = "/var/run/istio-cni")]
+    pub cni_agent_run_dir: PathBuf,
+    /// File mode of the plugin's kubeconfig, in octal.
+    #[arg(long, env = "KUBECONFIG_MODE", default_value = "600", value_parser = parse_mode)]
+    pub kubeconfig_mode: u32,
+    /// Namespaces whose pods the plugin never touches (comma separated).
+    #[arg(long, env = "EXCLUDE_NAMESPACES", default_value = "", value_delimiter = ',')]
+    pub exclude_namespaces: Vec<String>,
+    /// Namespace of this DaemonSet's pods.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    pub pod_namespace: String,
+    /// Name of this pod.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub pod_name: String,
+    /// The node this agent runs on.
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    pub node_name: String,
+    /// Whether ambient mode is enabled (the plugin then hands ambient pods to the node agent).
+    #[arg(long, env = "AMBIENT_ENABLED", default_value_t = false, action = ArgAction::Set)]
+    pub ambient_enabled: bool,
+    /// Ambient enablement selectors as a JSON list of pod/namespace LabelSelectors.
+    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR", default_value = DEFAULT_ENABLEMENT_SELECTORS, value_parser = parse_json)]
+    pub ambient_enablement_selector: serde_json::Value,
+    /// Retry API errors during the plugin's ambient detection.
+    #[arg(long, env = "ENABLE_AMBIENT_DETECTION_RETRY", default_value_t = false, action = ArgAction::Set)]
+    pub enable_ambient_detection_retry: bool,
+    /// Let the plugin program nftables instead of iptables.
+    #[arg(long, env = "NATIVE_NFTABLES", default_value_t = false, action = ArgAction::Set)]
+    pub native_nftables: bool,
+    /// Write our own higher-priority conflist instead of editing the primary (ambient + chained only).
+    #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG", default_value_t = false, action = ArgAction::Set)]
+    pub istio_owned_cni_config: bool,
+    /// File name of the Istio-owned conflist (the chart spells it ISTIO_OWNED_CNI_CONF_FILENAME).
+    #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG_FILENAME", default_value = "02-istio-cni.conflist")]
+    pub istio_owned_cni_config_filename: String,
+    /// Port of the Prometheus metrics endpoint.
+    #[arg(long, env = "MONITORING_PORT", default_value_t = 15014)]
+    pub monitoring_port: u16,
+    /// Port of /healthz and /readyz.
+    #[arg(long, env = "READINESS_PORT", default_value_t = 8000)]
+    pub readiness_port: u16,
+    /// Address the probe and metrics servers bind to.
+    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0")]
+    pub listen_address: std::net::IpAddr,
+    /// The agent's own log level or filter.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Emit JSON logs.
+    #[arg(long, env = "LOG_JSON", default_value_t = false, action = ArgAction::Set)]
+    pub log_json: bool,
+    /// Log level written into the plugin's netconf.
+    #[arg(long, env = "PLUGIN_LOG_LEVEL", default_value = "info")]
+    pub plugin_log_level: String,
+    /// Where the image keeps the binaries to install.
+    #[arg(long, env = "CNI_BIN_SOURCE_DIR", default_value = "/opt/cni/bin")]
+    pub cni_bin_source_dir: PathBuf,
+    /// The host's CNI bin dir, as mounted into the container.
+    #[arg(long, env = "HOST_CNI_BIN_DIR", default_value = "/host/opt/cni/bin")]
+    pub host_cni_bin_dir: PathBuf,
+    /// A second bin dir to install into (some platforms look in two places).
+    #[arg(long, env = "SECONDARY_BIN_DIR")]
+    pub secondary_bin_dir: Option<PathBuf>,
+    /// The projected service-account volume (token, ca.crt).
+    #[arg(long, env = "SERVICE_ACCOUNT_DIR", default_value = "/var/run/secrets/kubernetes.io/serviceaccount")]
+    pub service_account_dir: PathBuf,
+    /// API server scheme for the plugin's kubeconfig.
+    #[arg(long, env = "KUBERNETES_SERVICE_PROTOCOL", default_value = "https")]
+    pub kubernetes_service_protocol: String,
+    /// API server host for the plugin's kubeconfig.
+    #[arg(long, env = "KUBERNETES_SERVICE_HOST", default_value = "")]
+    pub kubernetes_service_host: String,
+    /// API server port for the plugin's kubeconfig.
+    #[arg(long, env = "KUBERNETES_SERVICE_PORT", default_value = "")]
+    pub kubernetes_service_port: String,
+    /// CA bundle to inline into the kubeconfig; defaults to the service account's ca.crt.
+    #[arg(long, env = "KUBE_CA_FILE")]
+    pub kube_ca_file: Option<PathBuf>,
+    /// Write `insecure-skip-tls-verify` instead of a CA.
+    #[arg(long, env = "SKIP_TLS_VERIFY", default_value_t = false, action = ArgAction::Set)]
+    pub skip_tls_verify: bool,
+    /// Always clean up on exit, even while our DaemonSet still exists.
+    #[arg(long, env = "AMBIENT_DISABLE_SAFE_UPGRADE", default_value_t = false, action = ArgAction::Set)]
+    pub ambient_disable_safe_upgrade: bool,
+    /// Reverts by another writer within the window that count as a config fight.
+    #[arg(long, env = "CONFIG_FIGHT_THRESHOLD", default_value_t = 5)]
+    pub config_fight_threshold: usize,
+    /// The config-fight window in seconds.
+    #[arg(long, env = "CONFIG_FIGHT_WINDOW_SECONDS", default_value = "60", value_parser = parse_seconds)]
+    pub config_fight_window: Duration,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|e| format!("not an octal mode: {e}"))?;
+    if mode > 0o777 {
+        return Err("mode must be at most 777".into());
+    }
+    Ok(mode)
+}
+
+fn parse_json(s: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(s).map_err(|e| format!("not valid JSON: {e}"))
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    s.parse::<u64>().map(Duration::from_secs).map_err(|e| format!("not a number of seconds: {e}"))
+}
+
+impl Config {
+    /// Reads flags and env. The chart's spelling `ISTIO_OWNED_CNI_CONF_FILENAME` is honoured too.
+    pub fn load() -> Result<Config, clap::Error> {
+        let mut config = Config::try_parse()?;
+        if std::env::var_os("ISTIO_OWNED_CNI_CONFIG_FILENAME").is_none() {
+            if let Some(name) = std::env::var("ISTIO_OWNED_CNI_CONF_FILENAME").ok().filter(|n| !n.is_empty()) {
+                config.istio_owned_cni_config_filename = name;
+            }
+        }
+        config.exclude_namespaces.retain(|n| !n.is_empty());
+        Ok(config)
+    }
+
+    /// Checks what clap cannot: paths must be absolute, names must be plain file names.
+    pub fn validate(&self) -> Result<(), String> {
+        let dirs: [(&str, Option<&Path>); 5] = [
+            ("MOUNTED_CNI_NET_DIR", Some(&self.mounted_cni_net_dir)),
+            ("CNI_AGENT_RUN_DIR", Some(&self.cni_agent_run_dir)),
+            ("CNI_BIN_SOURCE_DIR", Some(&self.cni_bin_source_dir)),
+            ("HOST_CNI_BIN_DIR", Some(&self.host_cni_bin_dir)),
+            ("SECONDARY_BIN_DIR", self.secondary_bin_dir.as_deref()),
+        ];
+        for (name, dir) in dirs {
+            if let Some(dir) = dir {
+                if !dir.is_absolute() {
+                    return Err(format!("{name} must be an absolute path, got {}", dir.display()));
+                }
+            }
+        }
+        if !self.service_account_dir.is_absolute() {
+            return Err(format!(
+                "SERVICE_ACCOUNT_DIR must be an absolute path, got {}",
+                self.service_account_dir.display()
+            ));
+        }
+        for (name, file) in [
+            ("CNI_CONF_NAME", &self.cni_conf_name),
+            ("ISTIO_OWNED_CNI_CONFIG_FILENAME", &self.istio_owned_cni_config_filename),
+        ] {
+            if file.contains('/') {
+                return Err(format!("{name} must be a file name, not a path: {file}"));
+            }
+        }
+        if !matches!(self.kubernetes_service_protocol.as_str(), "http" | "https") {
+            return Err(format!(
+                "KUBERNETES_SERVICE_PROTOCOL must be http or https, got {}",
+                self.kubernetes_service_protocol
+            ));
+        }
+        if !self.ambient_enablement_selector.is_array() {
+            return Err("AMBIENT_ENABLEMENT_SELECTOR must be a JSON list of selectors".into());
+        }
+        Ok(())
+    }
+
+    /// Bin dirs to install into: the host's, then the secondary one.
+    pub fn target_bin_dirs(&self) -> Vec<PathBuf> {
+        std::iter::once(self.host_cni_bin_dir.clone()).chain(self.secondary_bin_dir.clone()).collect()
+    }
+
+    /// Where the plugin's kubeconfig goes.
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.cni_agent_run_dir.join("istio-cni-kubeconfig")
+    }
+
+    /// Istio-owned mode only applies when chained and ambient are on too, as in Istio.
+    pub fn owned_file(&self) -> Option<&str> {
+        (self.istio_owned_cni_config && self.chained_cni_plugin && self.ambient_enabled)
+            .then_some(self.istio_owned_cni_config_filename.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("install-cni").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_match_istio() {
+        let c = parse(&[]).unwrap();
+        assert!(c.chained_cni_plugin);
+        assert_eq!(c.kubeconfig_mode, 0o600);
+        assert_eq!(c.mounted_cni_net_dir, PathBuf::from("/host/etc/cni/net.d"));
+        assert_eq!(c.kubeconfig_path(), PathBuf::from("/var/run/istio-cni/istio-cni-kubeconfig"));
+        assert_eq!(c.monitoring_port, 15014);
+        assert!(c.ambient_enablement_selector.as_array().is_some_and(|a| a.len() == 2));
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let err = parse(&["--kubeconfig-mode", "999"]).unwrap_err().to_string();
+        assert!(err.contains("kubeconfig-mode"), "{err}");
+        let c = parse(&["--host-cni-bin-dir", "relative/bin"]).unwrap();
+        assert!(c.validate().unwrap_err().contains("HOST_CNI_BIN_DIR"));
+        let c = parse(&["--cni-conf-name", "../x.conf"]).unwrap();
+        assert!(c.validate().unwrap_err().contains("CNI_CONF_NAME"));
+        assert!(parse(&["--chained-cni-plugin", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn owned_mode_needs_chained_and_ambient() {
+        let c = parse(&["--istio-owned-cni-config", "true"]).unwrap();
+        assert_eq!(c.owned_file(), None);
+        let c = parse(&["--istio-owned-cni-config", "true", "--ambient-enabled", "true"]).unwrap();
+        assert_eq!(c.owned_file(), Some("02-istio-cni.conflist"));
+    }
+}
