@@ -212,10 +212,7 @@ impl Agent {
                 return Err(e.to_string());
             }
         };
-        self.write_conf(&plan).map_err(|e| {
-            self.metrics.install(false);
-            e
-        })
+        self.write_conf(&plan).inspect_err(|_| self.metrics.install(false))
     }
 
     fn write_conf(&mut self, plan: &Desired) -> Result<(), String> {
