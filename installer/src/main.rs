@@ -44,6 +44,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let listener = probes::bind(SocketAddr::new(config.listen_address, port)).await?;
         tokio::spawn(probes::serve(listener, probe.clone(), drain.clone()));
     }
+    // Only the servers hold watchers; keeping this one would make every shutdown wait out the drain timeout.
+    drop(drain);
 
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -70,11 +72,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
                 break;
             }
             Some(event) = events.recv() => {
-                let mut why = describe(&event);
+                let mut why = relevant(&event).then(|| describe(&event));
                 while let Ok(more) = events.try_recv() {
-                    why = describe(&more);
+                    if relevant(&more) {
+                        why = Some(describe(&more));
+                    }
                 }
-                agent.reconcile(&why);
+                if let Some(why) = why {
+                    agent.reconcile(&why);
+                }
             }
             _ = resync.tick() => agent.reconcile("periodic resync"),
         }
@@ -88,6 +94,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
     drain_trigger.start(DrainMode::Graceful);
     let _ = tokio::time::timeout(Duration::from_secs(5), drain_trigger.drained()).await;
     Ok(())
+}
+
+/// Opening, reading or closing a file unwritten changes nothing. Reacting to those would let every reconcile
+/// (which opens the conf dir, the configs and the token) wake the next one: a busy loop.
+fn relevant(event: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match event {
+        Ok(e) => !matches!(e.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)),
+        Err(_) => true,
+    }
 }
 
 fn describe(event: &notify::Result<notify::Event>) -> String {
