@@ -1,0 +1,299 @@
+//! Running the real `install-cni` binary on a test node, the way the DaemonSet's container runs on a real one:
+//! inside the node netns (so it reaches the fake API server at 127.0.0.1 and its probe ports are private to the
+//! node), with the node's net.d, bin dir and run dir as its host mounts and a projected-volume-style service
+//! account dir. Tests then look at what a user would: files on disk, `/readyz`, `/metrics` and the log.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+use crate::{bins, Cluster};
+
+/// Port of `/healthz` and `/readyz`.
+pub const READINESS_PORT: u16 = 8000;
+/// Port of `/metrics`.
+pub const MONITORING_PORT: u16 = 15014;
+/// The plugin binary the installer copies, and the `type` of its conflist entry.
+pub const PLUGIN: &str = "istio-cni";
+/// File name of the kubeconfig the installer writes into the run dir.
+pub const KUBECONFIG_NAME: &str = "istio-cni-kubeconfig";
+/// How long any awaited condition (readiness, a repair, an exit) may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A real CA certificate (Istio's install-cni test data), so the plugin's kube client accepts the kubeconfig.
+const CA_CRT: &str = "-----BEGIN CERTIFICATE-----
+MIICyDCCAbCgAwIBAgIBADANBgkqhkiG9w0BAQsFADAVMRMwEQYDVQQDEwprdWJl
+cm5ldGVzMB4XDTE4MDgwNzAzMTMzMVoXDTI4MDgwNDAzMTMzMVowFTETMBEGA1UE
+AxMKa3ViZXJuZXRlczCCASIwDQYJKoZIhvcNAQEBBQADggEPADCCAQoCggEBANg8
+LXYkN2/z/2hlu1IW6dwWGYG3ridR7mqhB5mefAF7Z71MMrXQRE5HRFZiwkKZPvDy
+G13db0ULIYdXSM4vCb8ZcSdFZUB3fc9eLR5bXnxJK1o/weNteNblFHRKhaAjJNiG
+2QM13eConFawTYN9HAjKUBKz+MC8S0nSdXy0zwA8LhoDhbS05NO2WdGjlxoaPR9b
+YUnXuC3XnF/kAgMZM28O+VcCWfQsyyg74BI129LKDISBN+tgJj07bvyticmeNl84
+d1jTpjO+DUdcixL6QaBy4vHtMiM1izUMnXtVpInNzco8qhpqTEu6Jq4HK/7G1ORj
+3uMWwy+Yq4SVc9ICk1UCAwEAAaMjMCEwDgYDVR0PAQH/BAQDAgKkMA8GA1UdEwEB
+/wQFMAMBAf8wDQYJKoZIhvcNAQELBQADggEBAJC+Aox7THJucj4JBebNfbrxlZR6
+KHQgSzqH711an63ts5AG/Ts4fmaZZRv5uLAEIy2QF9mmwmgPRBAbC8pBAUMA5XM9
+JFDPMTaiYCexZE/Hfo/U/50B0l3HkxPT++8tNgAoFnmlXjS4xCbpzS9tYQuRvRrH
+ROqZ8Jh7m+LRSKf3VAPpHDjIE4eV+bvjdXYF334ujraJY0y6Qh9mFgMg8TFZHzcu
+Qsx/ME0mx6Is0QSDlj4QQHd3ZNYCMEovps3cbaFKlLmwlFVVLRVKRZsQNJOKR++5
+hS4gquZELb6yy16M4E5+sfeHqCDg7zlAMyXPzZlq5gVgn98MVjrWlEG5RRE=
+-----END CERTIFICATE-----
+";
+
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Polls `probe` every 10ms until it yields a value, panicking with `what` after [`DEADLINE`].
+#[track_caller]
+pub fn eventually<T>(what: &str, probe: impl FnMut() -> Option<T>) -> T {
+    eventually_or(what, probe, String::new)
+}
+
+/// Like [`eventually`], adding `context()` (e.g. a log) to the panic message.
+#[track_caller]
+fn eventually_or<T>(what: &str, mut probe: impl FnMut() -> Option<T>, context: impl Fn() -> String) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {DEADLINE:?} waiting until {what}\n{}", context());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A service-account volume laid out as the kubelet projects it: `..<timestamp>/{token,ca.crt,namespace}`,
+/// `..data -> ..<timestamp>`, and `token`, `ca.crt`, `namespace` linked through `..data`, so a rotation is one
+/// atomic rename of `..data`.
+#[derive(Debug)]
+pub struct ServiceAccountDir {
+    dir: TempDir,
+    generation: u32,
+}
+
+impl ServiceAccountDir {
+    /// A volume holding `token`, the test CA and namespace `istio-system`.
+    pub fn new(token: &str) -> Self {
+        let dir = tempfile::Builder::new().prefix("sa-").tempdir().expect("service account tempdir");
+        let mut sa = Self { dir, generation: 0 };
+        sa.rotate(token);
+        for name in ["token", "ca.crt", "namespace"] {
+            symlink(format!("..data/{name}"), sa.path().join(name)).expect("service account file link");
+        }
+        sa
+    }
+
+    /// The dir to pass as `SERVICE_ACCOUNT_DIR`.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The kubelet's rotation: a new timestamped dir with `token`, then `..data_tmp` renamed over `..data`.
+    pub fn rotate(&mut self, token: &str) {
+        self.generation += 1;
+        let stamp = format!("..2026_11_30_00_00_{:02}.{}", self.generation, self.generation);
+        let data = self.path().join(&stamp);
+        std::fs::create_dir(&data).expect("timestamped dir");
+        for (name, content) in [("token", token), ("ca.crt", CA_CRT), ("namespace", "istio-system")] {
+            std::fs::write(data.join(name), content).expect("service account file");
+        }
+        let tmp = self.path().join("..data_tmp");
+        symlink(&stamp, &tmp).expect("..data_tmp link");
+        std::fs::rename(&tmp, self.path().join("..data")).expect("swap ..data");
+    }
+}
+
+/// Everything an `install-cni` run needs on a [`Cluster`]'s node: the image's bin dir (a copy of the built
+/// plugin), the service account, the fake API's kubeconfig (for the safe-upgrade check) and the env.
+#[derive(Debug)]
+pub struct Installer {
+    env: Vec<(String, String)>,
+    netns: PathBuf,
+    scratch: TempDir,
+    /// The projected service-account volume the installer reads its token from.
+    pub sa: ServiceAccountDir,
+    /// The run dir shared with the plugin, where the kubeconfig goes.
+    pub run_dir: PathBuf,
+    /// The node's CNI config dir (`MOUNTED_CNI_NET_DIR`).
+    pub net_d: PathBuf,
+    /// The node's CNI bin dir (`HOST_CNI_BIN_DIR`, the runtime's `CNI_PATH`).
+    pub bin_dir: PathBuf,
+    /// The image's bin dir (`CNI_BIN_SOURCE_DIR`) holding the built plugin.
+    pub source_dir: PathBuf,
+}
+
+impl Installer {
+    /// Prepares a run on `cluster`'s node. The kubeconfig `Cluster::new` put into the run dir is removed, so
+    /// the run dir starts empty, as on a fresh node.
+    pub fn new(cluster: &Cluster) -> Self {
+        let scratch = tempfile::Builder::new().prefix("install-cni-").tempdir().expect("installer tempdir");
+        let source_dir = scratch.path().join("image-bin");
+        std::fs::create_dir(&source_dir).expect("image bin dir");
+        let built = bins::path(PLUGIN);
+        let copy = source_dir.join(PLUGIN);
+        std::fs::hard_link(&built, &copy).or_else(|_| std::fs::copy(&built, &copy).map(drop)).expect("copy plugin");
+        let api_kubeconfig = scratch.path().join("api-kubeconfig");
+        cluster.api.write_kubeconfig(&api_kubeconfig).expect("fake API kubeconfig");
+        let run_dir = cluster.run_dir();
+        let _ = std::fs::remove_file(run_dir.join(KUBECONFIG_NAME));
+        let sa = ServiceAccountDir::new("token-one");
+        let path = |p: &Path| p.display().to_string();
+        let env = [
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("MOUNTED_CNI_NET_DIR", path(&cluster.node.conf_dir())),
+            ("CNI_BIN_SOURCE_DIR", path(&source_dir)),
+            ("HOST_CNI_BIN_DIR", path(&cluster.node.bin_dir())),
+            ("CNI_AGENT_RUN_DIR", path(&run_dir)),
+            ("SERVICE_ACCOUNT_DIR", path(sa.path())),
+            ("KUBERNETES_SERVICE_PROTOCOL", "http".into()),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT", cluster.api.addr().port().to_string()),
+            ("KUBECONFIG", path(&api_kubeconfig)),
+            ("POD_NAMESPACE", "istio-system".into()),
+            ("POD_NAME", "istio-cni-node-test".into()),
+            ("NODE_NAME", "node-1".into()),
+            ("EXCLUDE_NAMESPACES", "kube-system".into()),
+            ("LOG_LEVEL", "debug".into()),
+        ];
+        Self {
+            env: env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            netns: cluster.node.netns().path(),
+            scratch,
+            sa,
+            run_dir,
+            net_d: cluster.node.conf_dir(),
+            bin_dir: cluster.node.bin_dir(),
+            source_dir,
+        }
+    }
+
+    /// Sets (or overrides) one env var of the next runs.
+    pub fn env(&mut self, key: &str, value: &str) -> &mut Self {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// The kubeconfig the installer writes for the plugin.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.run_dir.join(KUBECONFIG_NAME)
+    }
+
+    /// Spawns `install-cni` inside the node netns with a cleared env plus ours; stderr goes to a log file.
+    pub fn start(&self) -> InstallCni {
+        let log = self.scratch.path().join(format!("install-cni-{}.log", RUNS.fetch_add(1, Ordering::Relaxed)));
+        let stderr = File::create(&log).expect("installer log file");
+        let mut cmd = Command::new(bins::path("install-cni"));
+        cmd.env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        let ns = netns::Netns::open(&self.netns).expect("open node netns");
+        let child = ns.run(|| cmd.spawn()).expect("enter node netns").expect("spawn install-cni");
+        InstallCni { child, netns: self.netns.clone(), log, exit: None }
+    }
+}
+
+/// A running `install-cni`; killed with SIGKILL on drop unless it already exited.
+#[derive(Debug)]
+pub struct InstallCni {
+    child: Child,
+    netns: PathBuf,
+    log: PathBuf,
+    exit: Option<ExitStatus>,
+}
+
+impl InstallCni {
+    /// The process's log (its stderr) so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `GET path` on `port` from inside the node netns: status code and body, or why the request failed.
+    pub fn get(&self, port: u16, path: &str) -> Result<(u16, String), String> {
+        let ns = netns::Netns::open(&self.netns).map_err(|e| e.to_string())?;
+        let raw = ns.run(|| http_get(port, path)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(|| format!("no header end in {raw:?}"))?;
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("bad head {head:?}"))?;
+        Ok((status, body.to_owned()))
+    }
+
+    /// [`eventually`], with the installer's log in the panic message.
+    #[track_caller]
+    pub fn until<T>(&self, what: &str, probe: impl FnMut() -> Option<T>) -> T {
+        eventually_or(what, probe, || format!("install-cni log:\n{}", self.log()))
+    }
+
+    /// Waits until `/readyz` answers `status`, and returns its body.
+    #[track_caller]
+    pub fn wait_readyz(&self, status: u16) -> String {
+        self.until(&format!("/readyz answers {status}"), || match self.get(READINESS_PORT, "/readyz") {
+            Ok((s, body)) if s == status => Some(body),
+            _ => None,
+        })
+    }
+
+    /// The value of sample `name` (e.g. `istio_cni_config_fights_total`) in `/metrics`, if exposed.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (status, body) = self.get(MONITORING_PORT, "/metrics").ok()?;
+        assert_eq!(status, 200, "/metrics answered {status}: {body}");
+        body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    /// CPU time (user + system) the process has used so far, from `/proc/<pid>/stat`.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).expect("read /proc/<pid>/stat");
+        // Fields after the parenthesised command name start at field 3 (state); utime and stime are 14 and 15.
+        let fields: Vec<&str> = stat[stat.rfind(')').expect("comm field") + 2..].split(' ').collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf only reads a system constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        Duration::from_millis(ticks * 1000 / hz)
+    }
+
+    /// Sends SIGTERM (as the kubelet does) and waits for the exit.
+    #[track_caller]
+    pub fn terminate(&mut self) -> ExitStatus {
+        let pid = Pid::from_raw(self.child.id() as i32);
+        kill(pid, Signal::SIGTERM).expect("SIGTERM install-cni");
+        self.wait_exit()
+    }
+
+    /// Waits for the process to exit on its own.
+    #[track_caller]
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let status = eventually("install-cni exits", || self.child.try_wait().expect("wait for install-cni"));
+        self.exit = Some(status);
+        status
+    }
+}
+
+impl Drop for InstallCni {
+    fn drop(&mut self) {
+        if self.exit.is_none() && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    let addr = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw)?;
+    Ok(raw)
+}
