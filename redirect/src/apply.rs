@@ -234,7 +234,7 @@ fn restore(backend: IptablesBackend, family: Family, payload: &str, lockfile: &P
 
 /// The rtnetlink part of [`apply`], on one current-thread runtime on the calling (netns) thread: the IPv6
 /// passthrough address when the plan has IPv6 rules, TPROXY routing when it has routes. No runtime if neither.
-fn program_netlink(plan: &Plan) -> Result<(), ApplyError> {
+pub(crate) fn program_netlink(plan: &Plan) -> Result<(), ApplyError> {
     if plan.v6.is_none() && plan.tproxy_routes.is_none() {
         return Ok(());
     }

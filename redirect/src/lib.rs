@@ -1,7 +1,9 @@
 //! Redirect rules for Istio's data plane: a typed rule model ([`model`]), the sidecar rule generator
-//! ([`sidecar`]), the iptables-restore renderer ([`iptables`]) and the step that programs a pod netns ([`apply`]).
+//! ([`sidecar`]), the iptables-restore renderer ([`iptables`]), the step that programs a pod netns with iptables
+//! ([`apply`]) and the native nftables backend ([`nft`]).
 
 pub mod apply;
 pub mod iptables;
 pub mod model;
+pub mod nft;
 pub mod sidecar;

@@ -1,0 +1,373 @@
+//! Encodes rule [`Stmt`]s as nf_tables expressions (the kernel's register machine), the way nft does.
+
+use ipnet::IpNet;
+
+use crate::model::{CtState, Family, OwnerId, Protocol};
+
+use super::attr::Writer;
+use super::stmt::{AddrField, PortField, Stmt};
+use super::NftError;
+
+// Attribute and enum values from linux/netfilter/nf_tables.h.
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+const NFTA_IMMEDIATE_DREG: u16 = 1;
+const NFTA_IMMEDIATE_DATA: u16 = 2;
+const NFTA_CMP_SREG: u16 = 1;
+const NFTA_CMP_OP: u16 = 2;
+const NFTA_CMP_DATA: u16 = 3;
+const NFTA_META_DREG: u16 = 1;
+const NFTA_META_KEY: u16 = 2;
+const NFTA_META_SREG: u16 = 3;
+const NFTA_CT_DREG: u16 = 1;
+const NFTA_CT_KEY: u16 = 2;
+const NFTA_CT_SREG: u16 = 4;
+const NFTA_PAYLOAD_DREG: u16 = 1;
+const NFTA_PAYLOAD_BASE: u16 = 2;
+const NFTA_PAYLOAD_OFFSET: u16 = 3;
+const NFTA_PAYLOAD_LEN: u16 = 4;
+const NFTA_BITWISE_SREG: u16 = 1;
+const NFTA_BITWISE_DREG: u16 = 2;
+const NFTA_BITWISE_LEN: u16 = 3;
+const NFTA_BITWISE_MASK: u16 = 4;
+const NFTA_BITWISE_XOR: u16 = 5;
+const NFTA_COUNTER_BYTES: u16 = 1;
+const NFTA_COUNTER_PACKETS: u16 = 2;
+const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
+const NFTA_REDIR_FLAGS: u16 = 3;
+const NFTA_TPROXY_FAMILY: u16 = 1;
+const NFTA_TPROXY_REG_PORT: u16 = 3;
+const NFTA_NAT_TYPE: u16 = 1;
+const NFTA_NAT_FAMILY: u16 = 2;
+const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
+
+const NFT_REG_VERDICT: u32 = 0;
+const NFT_REG_1: u32 = 1;
+const NFT_CMP_EQ: u32 = 0;
+const NFT_CMP_NEQ: u32 = 1;
+const NFT_META_MARK: u32 = 3;
+const NFT_META_IIFNAME: u32 = 6;
+const NFT_META_OIFNAME: u32 = 7;
+const NFT_META_SKUID: u32 = 10;
+const NFT_META_SKGID: u32 = 11;
+const NFT_META_NFPROTO: u32 = 15;
+const NFT_META_L4PROTO: u32 = 16;
+const NFT_CT_STATE: u32 = 0;
+const NFT_CT_MARK: u32 = 3;
+const NFT_CT_ZONE: u32 = 17;
+const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+const NFT_NAT_SNAT: u32 = 0;
+const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
+const NF_DROP: u32 = 0;
+const NF_ACCEPT: u32 = 1;
+const NFT_JUMP: i32 = -3;
+const NFT_RETURN: i32 = -5;
+const NFPROTO_UNSPEC: u8 = 0;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+const IFNAMSIZ: usize = 16;
+
+/// The kernel's name of the expression module `stmt` needs beyond the core ones, for error messages.
+pub(super) fn feature(stmt: &Stmt) -> Option<&'static str> {
+    Some(match stmt {
+        Stmt::CtMark { .. } | Stmt::CtState { .. } | Stmt::SaveMarkToCt | Stmt::RestoreMarkFromCt => {
+            "conntrack expression (nft_ct)"
+        }
+        Stmt::SetCtZone(_) => "conntrack zones (nft_ct, CONFIG_NF_CONNTRACK_ZONES)",
+        Stmt::Redirect(_) => "redirect expression (nft_redir)",
+        Stmt::Tproxy { .. } => "tproxy expression (nft_tproxy)",
+        Stmt::Snat(_) => "nat expression (nft_nat)",
+        _ => return None,
+    })
+}
+
+/// Appends the expressions of `stmts` (inside NFTA_RULE_EXPRESSIONS).
+pub(super) fn encode(w: &mut Writer, stmts: &[Stmt]) -> Result<(), NftError> {
+    for s in stmts {
+        stmt(w, s)?;
+    }
+    Ok(())
+}
+
+fn stmt(w: &mut Writer, s: &Stmt) -> Result<(), NftError> {
+    match s {
+        Stmt::Iifname(n) => ifname(w, NFT_META_IIFNAME, n),
+        Stmt::Oifname(n) => ifname(w, NFT_META_OIFNAME, n),
+        Stmt::L4proto(p) => {
+            meta_load(w, NFT_META_L4PROTO);
+            cmp(w, NFT_CMP_EQ, &[proto_number(*p)]);
+        }
+        Stmt::Addr { field, net, negate } => addr(w, *field, net, *negate),
+        Stmt::Port { field, port, negate, .. } => {
+            let offset = match field {
+                PortField::Sport => 0,
+                PortField::Dport => 2,
+            };
+            payload(w, NFT_PAYLOAD_TRANSPORT_HEADER, offset, 2);
+            cmp(w, op(*negate), &port.to_be_bytes());
+        }
+        Stmt::SkUid { id, negate } => {
+            meta_load(w, NFT_META_SKUID);
+            cmp(w, op(*negate), &resolve(id, "user")?.to_ne_bytes());
+        }
+        Stmt::SkGid { id, negate } => {
+            meta_load(w, NFT_META_SKGID);
+            cmp(w, op(*negate), &resolve(id, "group")?.to_ne_bytes());
+        }
+        Stmt::Mark { value, mask, negate } => {
+            meta_load(w, NFT_META_MARK);
+            masked_cmp(w, *value, *mask, *negate);
+        }
+        Stmt::CtMark { value, mask, negate } => {
+            ct_load(w, NFT_CT_MARK);
+            masked_cmp(w, *value, *mask, *negate);
+        }
+        Stmt::CtState { states, negate } => {
+            let bits = states.iter().fold(0u32, |acc, s| acc | ct_state_bit(*s));
+            ct_load(w, NFT_CT_STATE);
+            bitwise(w, &bits.to_ne_bytes(), &[0; 4]);
+            // Any of the states: (state & bits) != 0.
+            cmp(w, if *negate { NFT_CMP_EQ } else { NFT_CMP_NEQ }, &[0; 4]);
+        }
+        Stmt::Counter => expr(w, "counter", |w| {
+            w.be64(NFTA_COUNTER_BYTES, 0);
+            w.be64(NFTA_COUNTER_PACKETS, 0);
+        }),
+        Stmt::Jump(chain) => verdict(w, NFT_JUMP as u32, Some(chain)),
+        Stmt::Return => verdict(w, NFT_RETURN as u32, None),
+        Stmt::Accept => verdict(w, NF_ACCEPT, None),
+        Stmt::Drop => verdict(w, NF_DROP, None),
+        Stmt::Redirect(port) => {
+            immediate(w, &port.to_be_bytes());
+            expr(w, "redir", |w| {
+                w.be32(NFTA_REDIR_REG_PROTO_MIN, NFT_REG_1);
+                w.be32(NFTA_REDIR_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED);
+            });
+        }
+        Stmt::Tproxy { family, port } => {
+            immediate(w, &port.to_be_bytes());
+            let nfproto = match family {
+                Some(f) => nfproto(*f),
+                None => NFPROTO_UNSPEC,
+            };
+            expr(w, "tproxy", |w| {
+                w.be32(NFTA_TPROXY_FAMILY, u32::from(nfproto));
+                w.be32(NFTA_TPROXY_REG_PORT, NFT_REG_1);
+            });
+        }
+        Stmt::SetMark { value, mask } => {
+            if *mask == u32::MAX {
+                immediate(w, &value.to_ne_bytes());
+            } else {
+                meta_load(w, NFT_META_MARK);
+                bitwise(w, &(!mask).to_ne_bytes(), &value.to_ne_bytes());
+            }
+            meta_set(w, NFT_META_MARK);
+        }
+        Stmt::SaveMarkToCt => {
+            meta_load(w, NFT_META_MARK);
+            ct_set(w, NFT_CT_MARK);
+        }
+        Stmt::RestoreMarkFromCt => {
+            ct_load(w, NFT_CT_MARK);
+            meta_set(w, NFT_META_MARK);
+        }
+        Stmt::SetCtZone(zone) => {
+            immediate(w, &zone.to_ne_bytes());
+            ct_set(w, NFT_CT_ZONE);
+        }
+        Stmt::Snat(addr) => {
+            let (family, bytes) = match addr {
+                std::net::IpAddr::V4(a) => (NFPROTO_IPV4, a.octets().to_vec()),
+                std::net::IpAddr::V6(a) => (NFPROTO_IPV6, a.octets().to_vec()),
+            };
+            immediate(w, &bytes);
+            expr(w, "nat", |w| {
+                w.be32(NFTA_NAT_TYPE, NFT_NAT_SNAT);
+                w.be32(NFTA_NAT_FAMILY, u32::from(family));
+                w.be32(NFTA_NAT_REG_ADDR_MIN, NFT_REG_1);
+            });
+        }
+    }
+    Ok(())
+}
+
+fn op(negate: bool) -> u32 {
+    if negate {
+        NFT_CMP_NEQ
+    } else {
+        NFT_CMP_EQ
+    }
+}
+
+fn proto_number(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => 6,
+        Protocol::Udp => 17,
+    }
+}
+
+fn nfproto(f: Family) -> u8 {
+    match f {
+        Family::V4 => NFPROTO_IPV4,
+        Family::V6 => NFPROTO_IPV6,
+    }
+}
+
+/// Bits of `ct state` (NF_CT_STATE_BIT(IP_CT_*), NF_CT_STATE_INVALID_BIT).
+fn ct_state_bit(s: CtState) -> u32 {
+    match s {
+        CtState::Invalid => 1,
+        CtState::Established => 2,
+        CtState::Related => 4,
+        CtState::New => 8,
+    }
+}
+
+fn resolve(id: &OwnerId, kind: &'static str) -> Result<u32, NftError> {
+    let name = match id {
+        OwnerId::Id(n) => return Ok(*n),
+        OwnerId::Name(name) => name,
+    };
+    let unknown = || NftError::UnknownOwner { kind, name: name.clone() };
+    let found = match kind {
+        "user" => nix::unistd::User::from_name(name).ok().flatten().map(|u| u.uid.as_raw()),
+        _ => nix::unistd::Group::from_name(name).ok().flatten().map(|g| g.gid.as_raw()),
+    };
+    found.ok_or_else(unknown)
+}
+
+fn expr(w: &mut Writer, name: &str, data: impl FnOnce(&mut Writer)) {
+    w.nest(NFTA_LIST_ELEM, |w| {
+        w.string(NFTA_EXPR_NAME, name);
+        w.nest(NFTA_EXPR_DATA, data);
+    });
+}
+
+fn data_value(w: &mut Writer, ty: u16, bytes: &[u8]) {
+    w.nest(ty, |w| w.put(NFTA_DATA_VALUE, bytes));
+}
+
+fn meta_load(w: &mut Writer, key: u32) {
+    expr(w, "meta", |w| {
+        w.be32(NFTA_META_DREG, NFT_REG_1);
+        w.be32(NFTA_META_KEY, key);
+    });
+}
+
+fn meta_set(w: &mut Writer, key: u32) {
+    expr(w, "meta", |w| {
+        w.be32(NFTA_META_KEY, key);
+        w.be32(NFTA_META_SREG, NFT_REG_1);
+    });
+}
+
+fn ct_load(w: &mut Writer, key: u32) {
+    expr(w, "ct", |w| {
+        w.be32(NFTA_CT_DREG, NFT_REG_1);
+        w.be32(NFTA_CT_KEY, key);
+    });
+}
+
+fn ct_set(w: &mut Writer, key: u32) {
+    expr(w, "ct", |w| {
+        w.be32(NFTA_CT_KEY, key);
+        w.be32(NFTA_CT_SREG, NFT_REG_1);
+    });
+}
+
+fn cmp(w: &mut Writer, op: u32, data: &[u8]) {
+    expr(w, "cmp", |w| {
+        w.be32(NFTA_CMP_SREG, NFT_REG_1);
+        w.be32(NFTA_CMP_OP, op);
+        data_value(w, NFTA_CMP_DATA, data);
+    });
+}
+
+fn payload(w: &mut Writer, base: u32, offset: u32, len: u32) {
+    expr(w, "payload", |w| {
+        w.be32(NFTA_PAYLOAD_DREG, NFT_REG_1);
+        w.be32(NFTA_PAYLOAD_BASE, base);
+        w.be32(NFTA_PAYLOAD_OFFSET, offset);
+        w.be32(NFTA_PAYLOAD_LEN, len);
+    });
+}
+
+/// reg1 = (reg1 & mask) ^ xor, over `mask.len()` bytes.
+fn bitwise(w: &mut Writer, mask: &[u8], xor: &[u8]) {
+    expr(w, "bitwise", |w| {
+        w.be32(NFTA_BITWISE_SREG, NFT_REG_1);
+        w.be32(NFTA_BITWISE_DREG, NFT_REG_1);
+        w.be32(NFTA_BITWISE_LEN, mask.len() as u32);
+        data_value(w, NFTA_BITWISE_MASK, mask);
+        data_value(w, NFTA_BITWISE_XOR, xor);
+    });
+}
+
+fn immediate(w: &mut Writer, bytes: &[u8]) {
+    expr(w, "immediate", |w| {
+        w.be32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
+        data_value(w, NFTA_IMMEDIATE_DATA, bytes);
+    });
+}
+
+fn verdict(w: &mut Writer, code: u32, chain: Option<&str>) {
+    expr(w, "immediate", |w| {
+        w.be32(NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT);
+        w.nest(NFTA_IMMEDIATE_DATA, |w| {
+            w.nest(NFTA_DATA_VERDICT, |w| {
+                w.be32(NFTA_VERDICT_CODE, code);
+                if let Some(chain) = chain {
+                    w.string(NFTA_VERDICT_CHAIN, chain);
+                }
+            })
+        });
+    });
+}
+
+fn ifname(w: &mut Writer, key: u32, name: &str) {
+    let mut bytes = [0u8; IFNAMSIZ];
+    let n = name.len().min(IFNAMSIZ - 1);
+    bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    meta_load(w, key);
+    cmp(w, NFT_CMP_EQ, &bytes);
+}
+
+/// `ip[6] saddr|daddr [!=] net`: family check, then the (prefix-shortened or masked) address compare, as nft does.
+fn addr(w: &mut Writer, field: AddrField, net: &IpNet, negate: bool) {
+    let (family, offset, octets): (u8, u32, Vec<u8>) = match (net, field) {
+        (IpNet::V4(n), AddrField::Saddr) => (NFPROTO_IPV4, 12, n.network().octets().to_vec()),
+        (IpNet::V4(n), AddrField::Daddr) => (NFPROTO_IPV4, 16, n.network().octets().to_vec()),
+        (IpNet::V6(n), AddrField::Saddr) => (NFPROTO_IPV6, 8, n.network().octets().to_vec()),
+        (IpNet::V6(n), AddrField::Daddr) => (NFPROTO_IPV6, 24, n.network().octets().to_vec()),
+    };
+    meta_load(w, NFT_META_NFPROTO);
+    cmp(w, NFT_CMP_EQ, &[family]);
+    let prefix = usize::from(net.prefix_len());
+    if prefix % 8 == 0 && prefix > 0 {
+        let len = prefix / 8;
+        payload(w, NFT_PAYLOAD_NETWORK_HEADER, offset, len as u32);
+        cmp(w, op(negate), &octets[..len]);
+    } else {
+        payload(w, NFT_PAYLOAD_NETWORK_HEADER, offset, octets.len() as u32);
+        let mask = match net {
+            IpNet::V4(n) => n.netmask().octets().to_vec(),
+            IpNet::V6(n) => n.netmask().octets().to_vec(),
+        };
+        bitwise(w, &mask, &vec![0; mask.len()]);
+        cmp(w, op(negate), &octets);
+    }
+}
+
+fn masked_cmp(w: &mut Writer, value: u32, mask: Option<u32>, negate: bool) {
+    if let Some(mask) = mask.filter(|m| *m != u32::MAX) {
+        bitwise(w, &mask.to_ne_bytes(), &[0; 4]);
+    }
+    cmp(w, op(negate), &value.to_ne_bytes());
+}

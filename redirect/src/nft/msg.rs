@@ -1,0 +1,142 @@
+//! Builds the nfnetlink batch (one transaction) that replaces our tables with a layout, or removes them.
+
+use super::attr::Writer;
+use super::expr::{encode, feature};
+use super::layout::{ChainType, NftLayout, NftTable};
+use super::NftError;
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_TABLE_FLAGS: u16 = 2;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
+const NFTA_CHAIN_TYPE: u16 = 7;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_HOOK_PRIORITY: u16 = 2;
+const NFTA_RULE_TABLE: u16 = 1;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+const NF_ACCEPT: u32 = 1;
+const NFPROTO_INET: u8 = 1;
+const AF_UNSPEC: u8 = 0;
+
+pub(super) const NLM_F_REQUEST: u16 = 0x1;
+pub(super) const NLM_F_ACK: u16 = 0x4;
+const NLM_F_APPEND: u16 = 0x800;
+const NLM_F_CREATE: u16 = 0x400;
+
+/// What a message of the batch creates or deletes, so a kernel error can name it.
+#[derive(Debug, Clone)]
+pub(super) struct Object {
+    /// Human-readable name, e.g. `rule 2 of inet istio-proxy-nat istio-output (... )`.
+    pub(super) name: String,
+    /// Kernel features the object needs beyond the nf_tables core; named when the kernel says it lacks one.
+    pub(super) features: Vec<&'static str>,
+}
+
+/// An encoded batch and, per acknowledged sequence number (from `first_seq` on), the object it carries.
+pub(super) struct Batch {
+    pub(super) writer: Writer,
+    pub(super) first_seq: u32,
+    pub(super) objects: Vec<Object>,
+}
+
+impl Batch {
+    fn new(first_seq: u32) -> Self {
+        let mut writer = Writer::default();
+        writer.message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, first_seq, AF_UNSPEC, NFNL_SUBSYS_NFTABLES, |_| {});
+        Self { writer, first_seq: first_seq + 1, objects: Vec::new() }
+    }
+
+    fn add(&mut self, msg: u16, flags: u16, object: Object, body: impl FnOnce(&mut Writer)) {
+        let seq = self.first_seq + self.objects.len() as u32;
+        let ty = (NFNL_SUBSYS_NFTABLES << 8) | msg;
+        self.writer.message(ty, NLM_F_REQUEST | NLM_F_ACK | flags, seq, NFPROTO_INET, 0, body);
+        self.objects.push(object);
+    }
+
+    fn finish(mut self) -> Self {
+        let seq = self.first_seq + self.objects.len() as u32;
+        self.writer.message(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq, AF_UNSPEC, NFNL_SUBSYS_NFTABLES, |_| {});
+        self
+    }
+
+    /// `add table` then `delete table`: removes the table whether or not it exists, inside the transaction.
+    fn drop_table(&mut self, name: &str) {
+        let obj =
+            |what: &str| Object { name: format!("{what} table inet {name}"), features: vec!["nf_tables inet family"] };
+        self.add(NFT_MSG_NEWTABLE, NLM_F_CREATE, obj("add"), |w| {
+            w.string(NFTA_TABLE_NAME, name);
+            w.be32(NFTA_TABLE_FLAGS, 0);
+        });
+        self.add(NFT_MSG_DELTABLE, 0, obj("delete"), |w| w.string(NFTA_TABLE_NAME, name));
+    }
+
+    fn table(&mut self, t: &NftTable) -> Result<(), NftError> {
+        let obj = Object { name: format!("table inet {}", t.name), features: vec!["nf_tables inet family"] };
+        self.add(NFT_MSG_NEWTABLE, NLM_F_CREATE, obj, |w| {
+            w.string(NFTA_TABLE_NAME, &t.name);
+            w.be32(NFTA_TABLE_FLAGS, 0);
+        });
+        for c in &t.chains {
+            let features = match c.base.map(|b| b.kind) {
+                Some(ChainType::Nat) => vec!["nat chains (nft_chain_nat)"],
+                Some(ChainType::Route) => vec!["route chains (nft_chain_route)"],
+                _ => Vec::new(),
+            };
+            let obj = Object { name: format!("chain inet {} {}", t.name, c.name), features };
+            self.add(NFT_MSG_NEWCHAIN, NLM_F_CREATE, obj, |w| {
+                w.string(NFTA_CHAIN_TABLE, &t.name);
+                w.string(NFTA_CHAIN_NAME, &c.name);
+                if let Some(b) = c.base {
+                    w.nest(NFTA_CHAIN_HOOK, |w| {
+                        w.be32(NFTA_HOOK_HOOKNUM, b.hook.number());
+                        w.be32(NFTA_HOOK_PRIORITY, b.priority as u32);
+                    });
+                    w.be32(NFTA_CHAIN_POLICY, NF_ACCEPT);
+                    w.string(NFTA_CHAIN_TYPE, b.kind.name());
+                }
+            });
+        }
+        // Rules go in the final order of each chain, so the kernel never needs rule positions.
+        for (chain, rules) in t.chain_rules() {
+            for (index, rule) in rules.into_iter().enumerate() {
+                let text: Vec<String> = rule.stmts.iter().map(ToString::to_string).collect();
+                let mut features: Vec<&'static str> = rule.stmts.iter().filter_map(feature).collect();
+                features.dedup();
+                let obj = Object {
+                    name: format!("rule {index} of inet {} {} ({})", t.name, chain.name, text.join(" ")),
+                    features,
+                };
+                let mut encoded = Ok(());
+                self.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, obj, |w| {
+                    w.string(NFTA_RULE_TABLE, &t.name);
+                    w.string(NFTA_RULE_CHAIN, &chain.name);
+                    w.nest(NFTA_RULE_EXPRESSIONS, |w| encoded = encode(w, &rule.stmts));
+                });
+                encoded?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One transaction: drop every table in `owned` (existing or not), then create the layout's tables.
+pub(super) fn replace(first_seq: u32, owned: &[String], layout: &NftLayout) -> Result<Batch, NftError> {
+    let mut batch = Batch::new(first_seq);
+    for name in owned {
+        batch.drop_table(name);
+    }
+    for t in &layout.tables {
+        batch.table(t)?;
+    }
+    Ok(batch.finish())
+}

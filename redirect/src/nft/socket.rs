@@ -1,0 +1,180 @@
+//! A NETLINK_NETFILTER socket that sends one batch and checks every acknowledgement.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use super::msg::Batch;
+use super::NftError;
+
+const NETLINK_NETFILTER: libc::c_int = 12;
+const NETLINK_CAP_ACK: libc::c_int = 10;
+const SOL_NETLINK: libc::c_int = 270;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_HDRLEN: usize = 16;
+const RCVBUF: libc::c_int = 1 << 20;
+/// Errnos by which the kernel says an expression, chain type or family is not available.
+const MISSING_FEATURE_ERRNOS: [i32; 3] = [libc::ENOENT, libc::EOPNOTSUPP, libc::EAFNOSUPPORT];
+
+fn sock_err(what: &'static str) -> impl FnOnce(io::Error) -> NftError {
+    move |source| NftError::Socket { what, source }
+}
+
+fn check(ret: libc::c_int, what: &'static str) -> Result<libc::c_int, NftError> {
+    if ret < 0 {
+        Err(sock_err(what)(io::Error::last_os_error()))
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Opens a netfilter netlink socket in the calling thread's netns (closed on drop).
+fn open() -> Result<OwnedFd, NftError> {
+    // SAFETY: plain socket(2) call; the returned descriptor is owned right away.
+    let fd = check(
+        unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) },
+        "open NETLINK_NETFILTER socket",
+    )?;
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    for (level, name, value, what) in [
+        (SOL_NETLINK, NETLINK_CAP_ACK, one, "set NETLINK_CAP_ACK"),
+        (libc::SOL_SOCKET, libc::SO_RCVBUF, RCVBUF, "set SO_RCVBUF"),
+    ] {
+        // SAFETY: `value` outlives the call and the length matches its type.
+        let ret = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        check(ret, what)?;
+    }
+    // SAFETY: a zeroed sockaddr_nl is valid (pid 0: the kernel assigns one).
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: `addr` is a valid sockaddr_nl of the given length.
+    let ret = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    check(ret, "bind netlink socket")?;
+    Ok(fd)
+}
+
+/// Sends `batch` and reads the kernel's answers. nfnetlink processes a batch synchronously inside sendmsg, so
+/// every answer is queued when send returns; anything but one zero ack per object is an error, and the first
+/// failing object (by sequence) is reported, because later failures usually follow from it.
+pub(super) fn commit(batch: &Batch) -> Result<(), NftError> {
+    let fd = open()?;
+    let bytes = batch.writer.bytes();
+    // SAFETY: `bytes` is a valid buffer of the given length; the kernel is the default destination.
+    let sent = unsafe { libc::send(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+    if check(sent as libc::c_int, "send batch")? as usize != bytes.len() {
+        return Err(sock_err("send batch")(io::Error::new(io::ErrorKind::WriteZero, "short send")));
+    }
+
+    let mut answers: Vec<Option<i32>> = vec![None; batch.objects.len()];
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::WouldBlock {
+                break;
+            }
+            return Err(sock_err("receive acknowledgements")(err));
+        }
+        if n == 0 {
+            break;
+        }
+        parse_answers(&buf[..n as usize], batch.first_seq, &mut answers);
+    }
+
+    let failed = answers.iter().enumerate().find_map(|(i, a)| a.filter(|e| *e != 0).map(|e| (i, e)));
+    if let Some((index, errno)) = failed {
+        return Err(kernel_error(&batch.objects[index], errno));
+    }
+    match answers.iter().position(Option::is_none) {
+        Some(index) => Err(NftError::MissingAck { object: batch.objects[index].name.clone() }),
+        None => Ok(()),
+    }
+}
+
+/// Records the errno (0 for an ack) of every NLMSG_ERROR in `data` against its sequence number.
+fn parse_answers(mut data: &[u8], first_seq: u32, answers: &mut [Option<i32>]) {
+    while data.len() >= NLMSG_HDRLEN {
+        let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
+        let ty = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
+        let seq = u32::from_ne_bytes(data[8..12].try_into().expect("4 bytes"));
+        if len < NLMSG_HDRLEN || len > data.len() {
+            break;
+        }
+        if ty == NLMSG_ERROR && len >= NLMSG_HDRLEN + 4 {
+            let code = i32::from_ne_bytes(data[16..20].try_into().expect("4 bytes"));
+            if let Some(slot) = seq.checked_sub(first_seq).and_then(|i| answers.get_mut(i as usize)) {
+                // Keep the first error if the kernel reports a message twice.
+                if slot.is_none_or(|e| e == 0) {
+                    *slot = Some(-code);
+                }
+            }
+        }
+        data = &data[(len + 3) & !3..];
+    }
+}
+
+/// A kernel errno for `object`: a missing feature when the errno says so and the object needs one.
+pub(super) fn kernel_error(object: &super::msg::Object, errno: i32) -> NftError {
+    let source = io::Error::from_raw_os_error(errno);
+    if MISSING_FEATURE_ERRNOS.contains(&errno) && !object.features.is_empty() {
+        return NftError::MissingFeature { feature: object.features.join(", "), object: object.name.clone(), source };
+    }
+    NftError::Rejected { object: object.name.clone(), source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::msg::Object;
+    use super::*;
+
+    fn object(features: Vec<&'static str>) -> Object {
+        Object { name: "rule 0 of inet istio-proxy-mangle istio-tproxy (tproxy ip to :15006)".into(), features }
+    }
+
+    #[test]
+    fn missing_module_names_the_feature() {
+        let err = kernel_error(&object(vec!["tproxy expression (nft_tproxy)"]), libc::ENOENT);
+        assert!(matches!(err, NftError::MissingFeature { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("nft_tproxy") && text.contains("istio-tproxy"), "{text}");
+    }
+
+    #[test]
+    fn other_errnos_and_core_objects_are_rejections() {
+        assert!(matches!(kernel_error(&object(vec!["x"]), libc::EINVAL), NftError::Rejected { .. }));
+        assert!(matches!(kernel_error(&object(Vec::new()), libc::ENOENT), NftError::Rejected { .. }));
+    }
+
+    #[test]
+    fn acks_and_errors_are_matched_by_sequence() {
+        let mut data = Vec::new();
+        for (seq, code) in [(5u32, 0i32), (6, -libc::ELOOP)] {
+            data.extend_from_slice(&20u32.to_ne_bytes());
+            data.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+            data.extend_from_slice(&0u16.to_ne_bytes());
+            data.extend_from_slice(&seq.to_ne_bytes());
+            data.extend_from_slice(&0u32.to_ne_bytes());
+            data.extend_from_slice(&code.to_ne_bytes());
+        }
+        let mut answers = vec![None; 3];
+        parse_answers(&data, 5, &mut answers);
+        assert_eq!(answers, vec![Some(0), Some(libc::ELOOP), None]);
+    }
+}

@@ -1,0 +1,448 @@
+//! Kernel tests for the native nftables backend: real netns, our netlink encoder, read back with `nft -j`
+//! (inside the tests only) and compared with goldens written from Istio's nftables layout.
+//!
+//! A golden is an nft transaction. The test loads it with `nft -f` into one fresh netns, programs our plan
+//! into another, and compares what the kernel holds in both, so the comparison is about effect: tables,
+//! chains with hooks/priorities/policies, and every chain's rules in order. Within a rule the order of the
+//! match conditions is ignored (they are ANDed) and a `!= { a, b }` set match counts as `!= a` plus `!= b`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use netns::Netns;
+use redirect::model::{Rule, Table, Target};
+use redirect::nft::layout::NftLayout;
+use redirect::nft::{apply, remove, NftError};
+use redirect::sidecar::{build, CidrSpec, InterceptMode, Plan, PortSpec, SidecarConfig};
+use serde_json::Value;
+use tests::NetnsGuard;
+
+/// A fresh netns (removed on drop, also on panic) with an open handle.
+struct TestNetns {
+    guard: NetnsGuard,
+    ns: Netns,
+}
+
+impl TestNetns {
+    fn new() -> Self {
+        let guard = NetnsGuard::new("redirect-nft");
+        let ns = guard.open().unwrap_or_else(|e| panic!("open netns {}: {e}", guard.name()));
+        Self { guard, ns }
+    }
+
+    /// `nft -j list ruleset` inside the netns, normalised (see the module docs).
+    fn ruleset(&self) -> BTreeMap<String, Vec<String>> {
+        normalize(&self.guard.exec_json(&["nft", "-j", "list", "ruleset"]))
+    }
+
+    /// `nft list ruleset` text, for failure messages.
+    fn text(&self) -> String {
+        self.guard.exec_ok(&["nft", "list", "ruleset"])
+    }
+
+    fn nft_file(&self, path: &Path) {
+        self.guard.exec_ok(&["nft", "-f", path.to_str().expect("utf-8 path")]);
+    }
+
+    fn nft(&self, args: &[&str]) {
+        let mut argv = vec!["nft"];
+        argv.extend_from_slice(args);
+        self.guard.exec_ok(&argv);
+    }
+}
+
+fn golden_path(dir: &str, name: &str) -> PathBuf {
+    [env!("CARGO_MANIFEST_DIR"), "tests", "golden", "nft", dir, &format!("{name}.golden")].iter().collect()
+}
+
+/// `table/chain` -> chain properties then its rules, each rule as sorted match conditions and statements.
+fn normalize(json: &Value) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let items = json["nftables"].as_array().expect("nftables array");
+    for item in items {
+        if let Some(c) = item.get("chain") {
+            let key = format!("{} {}/{}", c["family"], c["table"], c["name"]).replace('"', "");
+            let props = format!("type={} hook={} prio={} policy={}", c["type"], c["hook"], c["prio"], c["policy"]);
+            out.entry(key).or_default().insert(0, props);
+        }
+    }
+    for item in items {
+        if let Some(r) = item.get("rule") {
+            let key = format!("{} {}/{}", r["family"], r["table"], r["chain"]).replace('"', "");
+            out.entry(key).or_default().push(normalize_rule(r["expr"].as_array().expect("expr")));
+        }
+    }
+    out
+}
+
+fn normalize_rule(exprs: &[Value]) -> String {
+    let mut matches: Vec<String> = Vec::new();
+    let mut rest: Vec<String> = Vec::new();
+    for e in exprs {
+        match e.get("match") {
+            Some(m) if rest.is_empty() => match m["right"].get("set").and_then(Value::as_array) {
+                Some(set) if m["op"] == "!=" => {
+                    for v in set {
+                        matches.push(format!("{} {} {}", m["left"], m["op"], v));
+                    }
+                }
+                _ => matches.push(format!("{} {} {}", m["left"], m["op"], m["right"])),
+            },
+            _ if e.get("counter").is_some() => rest.push("counter".into()),
+            _ => rest.push(e.to_string()),
+        }
+    }
+    matches.sort();
+    format!("{} | {}", matches.join(" && "), rest.join(" ; "))
+}
+
+/// Line diff of two normalised rulesets, for readable failures.
+fn diff(expected: &BTreeMap<String, Vec<String>>, actual: &BTreeMap<String, Vec<String>>) -> String {
+    let mut out = String::new();
+    let keys: std::collections::BTreeSet<&String> = expected.keys().chain(actual.keys()).collect();
+    for k in keys {
+        let (e, a) = (expected.get(k), actual.get(k));
+        if e != a {
+            out += &format!("chain {k}:\n  expected: {e:#?}\n  actual:   {a:#?}\n");
+        }
+    }
+    out
+}
+
+/// Programs `plan` into a fresh netns and the golden transaction into another; both kernels must agree.
+fn check_against_golden(dir: &str, name: &str, plan: &Plan) {
+    let ours = TestNetns::new();
+    apply(&ours.ns, plan).unwrap_or_else(|e| panic!("{name}: apply: {e}"));
+    let reference = TestNetns::new();
+    reference.nft_file(&golden_path(dir, name));
+    let (expected, actual) = (reference.ruleset(), ours.ruleset());
+    assert!(
+        expected == actual,
+        "{name}: kernel state differs from the golden\n{}\n--- ours:\n{}\n--- golden:\n{}",
+        diff(&expected, &actual),
+        ours.text(),
+        reference.text()
+    );
+}
+
+fn nets(list: &[&str]) -> Vec<IpNet> {
+    list.iter().map(|s| s.parse().expect("cidr")).collect()
+}
+
+// ---- sidecar-capture: Istio's own nftables goldens (copied unchanged), INDEX §3 inputs ----
+
+macro_rules! capture_case {
+    ($fn:ident, $golden:literal, |$c:ident| $body:block) => {
+        #[test]
+        fn $fn() {
+            #[allow(unused_mut)]
+            let mut $c = SidecarConfig::default();
+            $body
+            check_against_golden("sidecar-capture", $golden, &build(&$c));
+        }
+    };
+}
+
+fn dns_uid_gid(c: &mut SidecarConfig) {
+    c.redirect_dns = true;
+    c.proxy_uids = vec![3, 4];
+    c.proxy_gids = vec![1, 2];
+}
+
+capture_case!(capture_empty, "empty", |c| {});
+capture_case!(capture_basic_exclude_nic, "basic-exclude-nic", |c| {
+    c.exclude_interfaces = vec!["not-istio-nic".into()];
+});
+capture_case!(capture_drop_invalid, "drop-invalid", |c| {
+    c.drop_invalid = true;
+});
+capture_case!(capture_host_ipv4_loopback_cidr, "host-ipv4-loopback-cidr", |c| {
+    c.host_ipv4_loopback_cidr = "127.0.0.1/8".parse().unwrap();
+});
+capture_case!(capture_inbound_ports_include, "inbound-ports-include", |c| {
+    c.inbound_ports_include = PortSpec::List(vec![32000, 31000]);
+});
+capture_case!(capture_inbound_ports_wildcard, "inbound-ports-wildcard", |c| {
+    c.inbound_ports_include = PortSpec::All;
+});
+capture_case!(capture_inbound_ports_tproxy, "inbound-ports-tproxy", |c| {
+    c.inbound_ports_include = PortSpec::List(vec![32000, 31000]);
+    c.mode = InterceptMode::Tproxy;
+});
+capture_case!(capture_inbound_ports_wildcard_tproxy, "inbound-ports-wildcard-tproxy", |c| {
+    c.inbound_ports_include = PortSpec::All;
+    c.mode = InterceptMode::Tproxy;
+});
+capture_case!(capture_outbound_ports_include, "outbound-ports-include", |c| {
+    c.outbound_ports_include = vec![32000, 31000];
+});
+capture_case!(capture_ipnets, "ipnets", |c| {
+    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["10.0.0.0/8"]));
+});
+capture_case!(capture_kube_virt_interfaces, "kube-virt-interfaces", |c| {
+    c.reroute_virtual_interfaces = vec!["eth1".into(), "eth2".into()];
+    c.outbound_ip_ranges_include = CidrSpec::All;
+});
+capture_case!(capture_ipnets_with_kube_virt_interfaces, "ipnets-with-kube-virt-interfaces", |c| {
+    c.reroute_virtual_interfaces = vec!["eth1".into(), "eth2".into()];
+    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["10.0.0.0/8"]));
+});
+capture_case!(capture_ip_range, "ip-range", |c| {
+    dns_uid_gid(&mut c);
+    c.outbound_ip_ranges_exclude = nets(&["1.1.0.0/16"]);
+    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["9.9.0.0/16"]));
+    c.dns_servers = vec!["127.0.0.53".parse().unwrap()];
+});
+capture_case!(capture_loopback_outbound_iprange, "loopback-outbound-iprange", |c| {
+    dns_uid_gid(&mut c);
+    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["127.1.2.3/32"]));
+    c.dns_servers = vec!["127.0.0.53".parse().unwrap()];
+});
+capture_case!(capture_tproxy, "tproxy", |c| {
+    c.enable_ipv6 = true;
+    c.mode = InterceptMode::Tproxy;
+    c.inbound_ports_include = PortSpec::All;
+    c.outbound_ip_ranges_exclude = nets(&["1.1.0.0/16"]);
+    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["9.9.0.0/16"]));
+    c.redirect_dns = true;
+    c.dns_servers = vec!["127.0.0.53".parse().unwrap()];
+    c.exclude_interfaces = vec!["not-istio-nic".into()];
+});
+capture_case!(capture_ipv6_empty_inbound_ports, "ipv6-empty-inbound-ports", |c| {
+    c.enable_ipv6 = true;
+});
+capture_case!(capture_ipv6_inbound_ports, "ipv6-inbound-ports", |c| {
+    c.enable_ipv6 = true;
+    c.inbound_ports_include = PortSpec::List(vec![4000, 5000]);
+});
+capture_case!(capture_ipv6_virt_interfaces, "ipv6-virt-interfaces", |c| {
+    c.enable_ipv6 = true;
+    c.inbound_ports_include = PortSpec::List(vec![4000, 5000]);
+    c.reroute_virtual_interfaces = vec!["eth0".into(), "eth1".into()];
+});
+capture_case!(capture_ipv6_ipnets, "ipv6-ipnets", |c| {
+    c.enable_ipv6 = true;
+    c.inbound_ports_include = PortSpec::List(vec![4000, 5000]);
+    c.inbound_ports_exclude = vec![6000, 7000];
+    c.reroute_virtual_interfaces = vec!["eth0".into(), "eth1".into()];
+    c.outbound_ip_ranges_exclude = nets(&["2001:db8::/32"]);
+    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["2001:db8::/32"]));
+});
+capture_case!(capture_ipv6_uid_gid, "ipv6-uid-gid", |c| {
+    c.enable_ipv6 = true;
+    c.inbound_ports_include = PortSpec::List(vec![4000, 5000]);
+    c.inbound_ports_exclude = vec![6000, 7000];
+    c.reroute_virtual_interfaces = vec!["eth0".into(), "eth1".into()];
+    c.outbound_ip_ranges_exclude = nets(&["2001:db8::/32"]);
+    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["2001:db8::/32"]));
+    c.proxy_uids = vec![3, 4];
+    c.proxy_gids = vec![1, 2];
+});
+capture_case!(capture_ipv6_outbound_ports, "ipv6-outbound-ports", |c| {
+    c.enable_ipv6 = true;
+    c.outbound_ports_include = vec![32000, 31000];
+});
+capture_case!(capture_dns_uid_gid, "dns-uid-gid", |c| {
+    c.enable_ipv6 = true;
+    dns_uid_gid(&mut c);
+    c.dns_servers = vec!["127.0.0.53".parse().unwrap(), "::127.0.0.53".parse().unwrap()];
+});
+capture_case!(capture_ipv6_dns_uid_gid, "ipv6-dns-uid-gid", |c| {
+    c.enable_ipv6 = true;
+    dns_uid_gid(&mut c);
+});
+capture_case!(capture_inbound_ports_empty_tproxy, "inbound-ports-empty-tproxy", |c| {
+    c.mode = InterceptMode::Tproxy;
+});
+
+/// Owner groups by name must resolve on the host; an unknown one is named and nothing is programmed.
+#[test]
+fn unknown_owner_group_is_named_and_nothing_is_programmed() {
+    let t = TestNetns::new();
+    let cfg = SidecarConfig { owner_groups_include: "java,202".into(), ..SidecarConfig::default() };
+    match apply(&t.ns, &build(&cfg)) {
+        Err(NftError::UnknownOwner { kind: "group", name }) => assert_eq!(name, "java"),
+        other => panic!("expected unknown group java, got {other:?}"),
+    }
+    assert!(t.ruleset().is_empty(), "nothing may be programmed:\n{}", t.text());
+}
+
+// ---- plugin-sidecar: the CNI plugin's cases (INDEX §1 settings), in Istio's nftables layout ----
+
+/// The settings the plugin derives for a default sidecar pod.
+fn plugin_base() -> SidecarConfig {
+    SidecarConfig {
+        inbound_ports_include: PortSpec::All,
+        inbound_ports_exclude: vec![15020, 15021, 15090],
+        outbound_ports_exclude: vec![15020],
+        outbound_ip_ranges_include: CidrSpec::All,
+        ..SidecarConfig::default()
+    }
+}
+
+macro_rules! plugin_case {
+    ($fn:ident, $golden:literal, |$c:ident| $body:block) => {
+        #[test]
+        fn $fn() {
+            #[allow(unused_mut)]
+            let mut $c = plugin_base();
+            $body
+            check_against_golden("plugin-sidecar", $golden, &build(&$c));
+        }
+    };
+}
+
+plugin_case!(plugin_basic, "basic", |c| {});
+plugin_case!(plugin_include_exclude_ip, "include-exclude-ip", |c| {
+    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["127.0.0.0/8"]));
+    c.outbound_ip_ranges_exclude = nets(&["10.0.0.0/8"]);
+});
+plugin_case!(plugin_include_exclude_ports, "include-exclude-ports", |c| {
+    c.inbound_ports_include = PortSpec::List(vec![1111, 2222]);
+    c.inbound_ports_exclude = vec![3333, 4444, 15020, 15021, 15090];
+    c.outbound_ports_exclude = vec![5555, 6666];
+});
+plugin_case!(plugin_tproxy, "tproxy", |c| {
+    c.mode = InterceptMode::Tproxy;
+});
+plugin_case!(plugin_dns, "dns", |c| {
+    c.redirect_dns = true;
+    c.capture_all_dns = true;
+});
+plugin_case!(plugin_invalid_drop, "invalid-drop", |c| {
+    c.drop_invalid = true;
+});
+plugin_case!(plugin_custom_uid, "custom-uid", |c| {
+    c.proxy_uids = vec![1000670000];
+    c.proxy_gids = vec![1000670001];
+});
+plugin_case!(plugin_custom_uid_tproxy, "custom-uid-tproxy", |c| {
+    c.proxy_uids = vec![1000670000];
+    c.proxy_gids = vec![1000670001];
+    c.mode = InterceptMode::Tproxy;
+});
+plugin_case!(plugin_dual_stack, "dual-stack", |c| {
+    c.enable_ipv6 = true;
+});
+plugin_case!(plugin_dual_stack_tproxy_dns, "dual-stack-tproxy-dns", |c| {
+    c.enable_ipv6 = true;
+    c.mode = InterceptMode::Tproxy;
+    c.redirect_dns = true;
+    c.capture_all_dns = true;
+    c.drop_invalid = true;
+});
+
+// ---- transaction behaviour ----
+
+fn count_rules(rs: &BTreeMap<String, Vec<String>>) -> usize {
+    rs.values().map(|v| v.len() - 1).sum()
+}
+
+#[test]
+fn programming_twice_changes_nothing() {
+    let t = TestNetns::new();
+    let plan = build(&SidecarConfig { enable_ipv6: true, mode: InterceptMode::Tproxy, ..plugin_base() });
+    apply(&t.ns, &plan).expect("first apply");
+    let first = t.ruleset();
+    let expected: usize = NftLayout::sidecar(&plan).expect("layout").tables.iter().map(|t| t.rules.len()).sum();
+    assert_eq!(count_rules(&first), expected, "{}", t.text());
+    apply(&t.ns, &plan).expect("second apply");
+    assert_eq!(first, t.ruleset(), "re-apply changed the ruleset:\n{}", t.text());
+    let rules = t.guard.exec_ok(&["ip", "-4", "rule", "show"]);
+    assert_eq!(rules.matches("fwmark 0x539 lookup 133").count(), 1, "TPROXY routing once: {rules}");
+}
+
+#[test]
+fn stale_tables_are_replaced_without_leftovers() {
+    let t = TestNetns::new();
+    // An older version's partial state: a junk chain in our nat table and a mangle table the plan lacks.
+    t.nft(&["add", "table", "inet", "istio-proxy-nat"]);
+    t.nft(&["add", "chain", "inet", "istio-proxy-nat", "junk"]);
+    t.nft(&["add", "rule", "inet", "istio-proxy-nat", "junk", "counter", "drop"]);
+    t.nft(&["add", "table", "inet", "istio-proxy-mangle"]);
+    t.nft(&["add", "chain", "inet", "istio-proxy-mangle", "istio-divert"]);
+    apply(&t.ns, &build(&plugin_base())).expect("apply over stale tables");
+
+    let reference = TestNetns::new();
+    reference.nft_file(&golden_path("plugin-sidecar", "basic"));
+    assert_eq!(reference.ruleset(), t.ruleset(), "stale objects left:\n{}", t.text());
+}
+
+#[test]
+fn remove_deletes_exactly_our_tables() {
+    let t = TestNetns::new();
+    t.nft(&["add", "table", "inet", "foreign"]);
+    t.nft(&["add", "chain", "inet", "foreign", "output", "{ type filter hook output priority 0 ; }"]);
+    t.nft(&["add", "rule", "inet", "foreign", "output", "counter", "accept"]);
+    t.nft(&["add", "table", "ip", "istio-proxy-nat"]);
+    let before = t.ruleset();
+
+    apply(&t.ns, &build(&SidecarConfig { mode: InterceptMode::Tproxy, drop_invalid: true, ..plugin_base() }))
+        .expect("apply");
+    assert!(t.ruleset().keys().any(|k| k.starts_with("inet istio-proxy-mangle/")), "{}", t.text());
+    remove(&t.ns).expect("remove");
+    assert_eq!(before, t.ruleset(), "remove must leave exactly the foreign tables:\n{}", t.text());
+    remove(&t.ns).expect("removing again is fine");
+    assert!(t.text().contains("table ip istio-proxy-nat"), "other families' tables stay");
+}
+
+#[test]
+fn batch_with_a_bad_rule_fails_and_keeps_previous_rules() {
+    let t = TestNetns::new();
+    let plan = build(&plugin_base());
+    apply(&t.ns, &plan).expect("apply good plan");
+    let before = t.ruleset();
+
+    // A jump loop: every part encodes, the kernel's loop check refuses the rule.
+    let mut broken = plan.clone();
+    let nat = broken.v4.tables.iter_mut().find(|t| t.table == Table::Nat).expect("nat table");
+    nat.rules.push(Rule::append("ISTIO_REDIRECT", vec![], Target::Jump("ISTIO_OUTPUT".into())));
+    let err = apply(&t.ns, &broken).expect_err("loop must be refused");
+    match &err {
+        NftError::Rejected { object, source } => {
+            // The rule closing the loop is refused: ELOOP, or EMLINK when found by the jump-depth check.
+            assert!(object.starts_with("rule ") && object.contains("inet istio-proxy-nat istio-"), "{err}");
+            assert!(matches!(source.raw_os_error(), Some(ELOOP | EMLINK)), "{err}");
+        }
+        other => panic!("expected a rejected rule, got {other}"),
+    }
+    assert_eq!(before, t.ruleset(), "a failed transaction must change nothing:\n{}", t.text());
+}
+
+/// Linux errnos (asm-generic) for a jump loop.
+const ELOOP: i32 = 40;
+const EMLINK: i32 = 31;
+
+/// Set in the child process of [`programs_with_empty_path`]: the netns to program.
+const CHILD_NETNS_ENV: &str = "REDIRECT_NFT_TEST_NETNS";
+
+/// The backend needs no binary: the test binary re-runs this test with PATH emptied, and the child programs a
+/// dual-stack TPROXY plan into the netns the parent created and then checks.
+#[test]
+fn programs_with_empty_path() {
+    let plan = build(&SidecarConfig {
+        enable_ipv6: true,
+        mode: InterceptMode::Tproxy,
+        redirect_dns: true,
+        capture_all_dns: true,
+        ..plugin_base()
+    });
+    if let Ok(path) = std::env::var(CHILD_NETNS_ENV) {
+        assert_eq!(std::env::var("PATH").as_deref(), Ok(""), "child must run without PATH");
+        let ns = Netns::open(&path).expect("open netns");
+        apply(&ns, &plan).expect("apply without binaries");
+        return;
+    }
+    let t = TestNetns::new();
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "programs_with_empty_path", "--test-threads=1", "--nocapture"])
+        .env("PATH", "")
+        .env(CHILD_NETNS_ENV, t.guard.path())
+        .output()
+        .expect("spawn child test");
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && log.contains("1 passed"), "child failed:\n{log}");
+    let expected: usize = NftLayout::sidecar(&plan).expect("layout").tables.iter().map(|t| t.rules.len()).sum();
+    assert_eq!(count_rules(&t.ruleset()), expected, "{}", t.text());
+}
