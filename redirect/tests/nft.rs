@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use netns::Netns;
 use redirect::model::{Rule, Table, Target};
 use redirect::nft::layout::NftLayout;
-use redirect::nft::{apply, remove, NftError};
+use redirect::nft::{apply, remove, tables, NftError, TableId};
 use redirect::sidecar::{build, CidrSpec, InterceptMode, Plan, PortSpec, SidecarConfig};
 use serde_json::Value;
 use tests::NetnsGuard;
@@ -380,8 +380,15 @@ fn remove_deletes_exactly_our_tables() {
 
     apply(&t.ns, &build(&SidecarConfig { mode: InterceptMode::Tproxy, drop_invalid: true, ..plugin_base() }))
         .expect("apply");
-    assert!(t.ruleset().keys().any(|k| k.starts_with("inet istio-proxy-mangle/")), "{}", t.text());
+    let names = |list: Vec<TableId>| list.into_iter().map(|t| (t.family, t.name)).collect::<Vec<_>>();
+    let programmed = names(tables(&t.ns).expect("list tables"));
+    for name in ["istio-proxy-nat", "istio-proxy-mangle", "foreign"] {
+        assert!(programmed.contains(&(1, name.to_string())), "inet {name} missing: {programmed:?}");
+    }
+    assert!(programmed.contains(&(2, "istio-proxy-nat".to_string())), "{programmed:?}");
     remove(&t.ns).expect("remove");
+    let left = names(tables(&t.ns).expect("list tables"));
+    assert_eq!(left, vec![(1, "foreign".to_string()), (2, "istio-proxy-nat".to_string())]);
     assert_eq!(before, t.ruleset(), "remove must leave exactly the foreign tables:\n{}", t.text());
     remove(&t.ns).expect("removing again is fine");
     assert!(t.text().contains("table ip istio-proxy-nat"), "other families' tables stay");

@@ -8,6 +8,7 @@ mod attr;
 mod error;
 mod expr;
 pub mod layout;
+mod list;
 mod merge;
 mod msg;
 mod socket;
@@ -17,6 +18,7 @@ use netns::Netns;
 
 pub use error::NftError;
 use layout::{owned_tables, NftLayout, SIDECAR_PREFIX};
+pub use list::TableId;
 
 use crate::sidecar::Plan;
 
@@ -44,4 +46,10 @@ pub fn remove(netns: &Netns) -> Result<(), NftError> {
     let empty = NftLayout { tables: Vec::new() };
     let batch = msg::replace(FIRST_SEQ, &owned_tables(SIDECAR_PREFIX), &empty)?;
     netns.run(|| socket::commit(&batch))?
+}
+
+/// Lists every nftables table in `netns` (any family, also iptables-nft's `ip nat` etc.), read over netlink:
+/// lets callers check what is programmed and whether another backend holds rules too.
+pub fn tables(netns: &Netns) -> Result<Vec<TableId>, NftError> {
+    netns.run(list::tables)?
 }
