@@ -13,16 +13,18 @@ pub enum ShutdownSignal {
     Interrupt,
 }
 
-/// Resolves when the process receives SIGTERM or SIGINT, so `main` can start a drain instead of dying
-/// mid-work. Both handlers are installed before the first `.await` point returns, and stay installed
-/// for the life of the process (a later signal no longer kills it; call this again to observe it).
-pub async fn shutdown_signal() -> Result<ShutdownSignal, Error> {
+/// Installs SIGTERM and SIGINT handlers right away and returns a future that resolves on the first of them, so
+/// `main` can start a drain instead of dying mid-work. A signal that arrives before the future is polled (say,
+/// during a long startup step) is not lost. The handlers stay installed for the life of the process.
+pub fn shutdown_signal() -> Result<impl std::future::Future<Output = ShutdownSignal>, Error> {
     let mut term = signal(SignalKind::terminate()).map_err(|source| Error::Signal { signal: "SIGTERM", source })?;
     let mut int = signal(SignalKind::interrupt()).map_err(|source| Error::Signal { signal: "SIGINT", source })?;
-    tokio::select! {
-        _ = term.recv() => Ok(ShutdownSignal::Terminate),
-        _ = int.recv() => Ok(ShutdownSignal::Interrupt),
-    }
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => ShutdownSignal::Terminate,
+            _ = int.recv() => ShutdownSignal::Interrupt,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -40,27 +42,17 @@ mod tests {
         assert!(status.success(), "kill -{sig} failed: {status}");
     }
 
-    /// Polls `fut` once so its handlers are installed before a signal is sent.
-    async fn install<F: std::future::Future + Unpin>(fut: &mut F) {
-        tokio::select! {
-            biased;
-            _ = fut => panic!("shutdown_signal resolved before any signal was sent"),
-            _ = std::future::ready(()) => {}
-        }
-    }
-
     // Both signals in one test: a signal reaches every listener in the process, so two tests in
     // parallel would see each other's signals.
     #[tokio::test]
     async fn resolves_on_sigterm_and_sigint() {
         for (sig, expected) in [("TERM", ShutdownSignal::Terminate), ("INT", ShutdownSignal::Interrupt)] {
-            let mut fut = Box::pin(shutdown_signal());
-            install(&mut fut).await;
+            // Handlers are live as soon as shutdown_signal returns, before the future is first polled.
+            let fut = shutdown_signal().expect("installing handlers");
             kill_self(sig);
             let got = tokio::time::timeout(Duration::from_secs(10), fut)
                 .await
-                .unwrap_or_else(|_| panic!("SIG{sig} not observed within 10s"))
-                .expect("installing handlers");
+                .unwrap_or_else(|_| panic!("SIG{sig} not observed within 10s"));
             assert_eq!(got, expected);
         }
     }

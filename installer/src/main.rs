@@ -59,11 +59,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
         }
         watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("watch {}", dir.display()))?;
     }
+    // Handlers go in before the (possibly slow) first install, so a SIGTERM during it still gets a cleanup.
+    let signal = daemon::signals::shutdown_signal()?;
     agent.start()?;
 
     let mut resync = tokio::time::interval(RESYNC);
     resync.reset();
-    let signal = daemon::signals::shutdown_signal();
     tokio::pin!(signal);
     loop {
         tokio::select! {
@@ -129,5 +130,22 @@ async fn keep_installed(config: &Config) -> bool {
             tracing::warn!(error = %e, "cannot tell upgrade from uninstall; keeping the plugin installed");
             true
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
+
+    #[test]
+    fn our_own_reads_do_not_wake_the_loop() {
+        let event = |kind| Ok(notify::Event::new(kind));
+        assert!(!relevant(&event(EventKind::Access(AccessKind::Open(AccessMode::Any)))));
+        assert!(!relevant(&event(EventKind::Access(AccessKind::Close(AccessMode::Read)))));
+        assert!(relevant(&event(EventKind::Access(AccessKind::Close(AccessMode::Write)))));
+        assert!(relevant(&event(EventKind::Create(CreateKind::File))));
+        assert!(relevant(&event(EventKind::Modify(ModifyKind::Any))));
+        assert!(relevant(&Err(notify::Error::generic("queue overflow"))));
     }
 }

@@ -251,17 +251,6 @@ impl InstallCni {
         body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
-    /// CPU time (user + system) the process has used so far, from `/proc/<pid>/stat`.
-    pub fn cpu_time(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).expect("read /proc/<pid>/stat");
-        // Fields after the parenthesised command name start at field 3 (state); utime and stime are 14 and 15.
-        let fields: Vec<&str> = stat[stat.rfind(')').expect("comm field") + 2..].split(' ').collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        // SAFETY: sysconf only reads a system constant.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-        Duration::from_millis(ticks * 1000 / hz)
-    }
-
     /// Sends SIGTERM (as the kubelet does) and waits for the exit.
     #[track_caller]
     pub fn terminate(&mut self) -> ExitStatus {
