@@ -3,6 +3,7 @@
 //! ([`apply`]) and the native nftables backend ([`nft`]).
 
 pub mod apply;
+pub mod backend;
 pub mod iptables;
 pub mod model;
 pub mod nft;

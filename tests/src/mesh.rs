@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::node::{Node, Pod};
 use crate::runtime::RuntimeError;
+use crate::NetnsGuard;
 
 /// Port the sidecar's outbound capture listens on.
 pub const OUTBOUND_PORT: u16 = 15001;
@@ -15,6 +16,46 @@ pub const OUTBOUND_PORT: u16 = 15001;
 pub const INBOUND_PORT: u16 = 15006;
 /// The proxy's uid and gid, exempt from capture.
 pub const PROXY_UID: u32 = 1337;
+
+/// The three ways the plugin can program rules; traffic scenarios run on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleBackend {
+    /// Native nftables over netlink (`native_nftables: true`).
+    Nftables,
+    /// `iptables-nft-restore`.
+    IptablesNft,
+    /// `iptables-legacy-restore`.
+    IptablesLegacy,
+}
+
+impl RuleBackend {
+    /// Every backend, for parametrized scenarios.
+    pub const ALL: [RuleBackend; 3] = [RuleBackend::Nftables, RuleBackend::IptablesNft, RuleBackend::IptablesLegacy];
+
+    /// The netconf keys that select this backend.
+    pub fn netconf(self) -> Value {
+        match self {
+            RuleBackend::Nftables => json!({ "native_nftables": true }),
+            RuleBackend::IptablesNft => json!({ "force_iptables_binary": "iptables-nft" }),
+            RuleBackend::IptablesLegacy => json!({ "force_iptables_binary": "iptables-legacy" }),
+        }
+    }
+
+    /// Everything this backend holds in `ns`, as its own tool prints it (tests only).
+    pub fn dump(self, ns: &NetnsGuard) -> String {
+        let tools: &[&[&str]] = match self {
+            RuleBackend::Nftables => &[&["nft", "list", "ruleset"]],
+            RuleBackend::IptablesNft => &[&["iptables-nft-save"], &["ip6tables-nft-save"]],
+            RuleBackend::IptablesLegacy => &[&["iptables-legacy-save"], &["ip6tables-legacy-save"]],
+        };
+        tools.iter().map(|argv| ns.exec_ok(argv)).collect::<Vec<_>>().join("\n")
+    }
+
+    /// Every rule any backend holds in `ns`: for asserting that a pod got no rules at all.
+    pub fn dump_all(ns: &NetnsGuard) -> String {
+        Self::ALL.iter().map(|b| b.dump(ns)).collect::<Vec<_>>().join("\n")
+    }
+}
 
 /// A node whose pods are served by a fake API server.
 pub struct Cluster {
@@ -29,6 +70,11 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the API server and writes its kubeconfig to `<run dir>/istio-cni-kubeconfig`.
     pub fn new() -> Self {
+        Self::with_backend(RuleBackend::IptablesNft)
+    }
+
+    /// A cluster whose plugin programs rules with `backend`.
+    pub fn with_backend(backend: RuleBackend) -> Self {
         let node = Node::new();
         // Plugins run in the node netns, so the server listens on that namespace's loopback, as a real API
         // server is reachable from a real node's host network.
@@ -36,7 +82,7 @@ impl Cluster {
         let listener = ns.run(|| std::net::TcpListener::bind("127.0.0.1:0")).expect("enter node netns");
         let api = FakeApiServer::start_with_listener(listener.expect("bind API server in node netns"))
             .expect("start fake API server");
-        let cluster = Self { node, api, plugin_overrides: json!({}) };
+        let cluster = Self { node, api, plugin_overrides: backend.netconf() };
         std::fs::create_dir_all(cluster.run_dir()).expect("run dir");
         let kubeconfig = cluster.run_dir().join("istio-cni-kubeconfig");
         cluster.api.write_kubeconfig(&kubeconfig).expect("write kubeconfig");

@@ -17,8 +17,6 @@ use tests::{Cluster, NetworkConfigList};
 const PRIMARY: &str = "10-bridge.conflist";
 /// An uninstall only deletes a few files; anything slower is waiting on something it should not.
 const PROMPT_EXIT: Duration = Duration::from_secs(3);
-/// Window over which an idle installer's CPU use is measured.
-const IDLE_WINDOW: Duration = Duration::from_secs(1);
 
 fn write_json(path: &Path, value: &Value) {
     std::fs::write(path, format!("{}\n", serde_json::to_string_pretty(value).unwrap())).unwrap();

@@ -4,7 +4,7 @@
 use std::net::{SocketAddr, SocketAddrV4};
 
 use serde_json::{json, Value};
-use tests::mesh::{annotate, plain_pod, proxy_env, sidecar_pod, INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
+use tests::mesh::{annotate, plain_pod, proxy_env, sidecar_pod, RuleBackend, INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
 use tests::runtime::{NetworkConfigList, RuntimeConf, RuntimeError};
 use tests::{Cluster, NetnsGuard};
 
@@ -15,13 +15,17 @@ fn addr(ip: std::net::Ipv4Addr, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
 }
 
-/// Every iptables rule in the netns, from both flavours.
+/// Every rule any backend holds in the netns.
 fn rules(ns: &NetnsGuard) -> String {
-    ["iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save"]
-        .iter()
-        .map(|bin| ns.exec_ok(&[bin]))
-        .collect::<Vec<_>>()
-        .join("\n")
+    RuleBackend::dump_all(ns)
+}
+
+/// Runs `scenario` once per backend; the backend is printed first so a failure says which one broke.
+fn on_every_backend(scenario: impl Fn(RuleBackend)) {
+    for backend in RuleBackend::ALL {
+        eprintln!("--- backend {backend:?}");
+        scenario(backend);
+    }
 }
 
 /// Runs ADD in a netns that outlives a failed ADD, so tests can look inside afterwards.
@@ -48,66 +52,74 @@ fn plugin_error(result: Result<Value, RuntimeError>) -> tests::PluginError {
 
 #[test]
 fn outbound_from_a_sidecar_pod_lands_on_15001_with_the_original_destination() {
-    let c = Cluster::new();
-    let web = c.run(&sidecar_pod("shop", "web"));
-    let db = c.run(&plain_pod("shop", "db"));
-    let proxy = web.netns.listen_tcp(OUTBOUND_PORT);
-    web.netns.connect_tcp(addr(db.ip, 8080), Some(APP_UID)).expect("app connects");
-    let got = proxy.accepted();
-    assert_eq!(got.local.port(), OUTBOUND_PORT);
-    assert_eq!(got.original_dst, Some(SocketAddrV4::new(db.ip, 8080)));
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let web = c.run(&sidecar_pod("shop", "web"));
+        let db = c.run(&plain_pod("shop", "db"));
+        let proxy = web.netns.listen_tcp(OUTBOUND_PORT);
+        web.netns.connect_tcp(addr(db.ip, 8080), Some(APP_UID)).expect("app connects");
+        let got = proxy.accepted();
+        assert_eq!(got.local.port(), OUTBOUND_PORT);
+        assert_eq!(got.original_dst, Some(SocketAddrV4::new(db.ip, 8080)));
+    });
 }
 
 #[test]
 fn inbound_to_a_sidecar_pod_lands_on_15006() {
-    let c = Cluster::new();
-    let web = c.run(&sidecar_pod("shop", "web"));
-    let client = c.run(&plain_pod("shop", "client"));
-    let proxy = web.netns.listen_tcp(INBOUND_PORT);
-    client.netns.connect_tcp(addr(web.ip, 8080), None).expect("client connects");
-    let got = proxy.accepted();
-    assert_eq!(got.local.port(), INBOUND_PORT);
-    assert_eq!(got.original_dst, Some(SocketAddrV4::new(web.ip, 8080)));
-    assert_eq!(got.peer.ip(), std::net::IpAddr::from(client.ip), "the proxy sees the real client");
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let web = c.run(&sidecar_pod("shop", "web"));
+        let client = c.run(&plain_pod("shop", "client"));
+        let proxy = web.netns.listen_tcp(INBOUND_PORT);
+        client.netns.connect_tcp(addr(web.ip, 8080), None).expect("client connects");
+        let got = proxy.accepted();
+        assert_eq!(got.local.port(), INBOUND_PORT);
+        assert_eq!(got.original_dst, Some(SocketAddrV4::new(web.ip, 8080)));
+        assert_eq!(got.peer.ip(), std::net::IpAddr::from(client.ip), "the proxy sees the real client");
+    });
 }
 
 #[test]
 fn tproxy_inbound_lands_on_a_transparent_15006_listener_that_sees_the_original_destination() {
-    let c = Cluster::new();
-    let web = c.run(&annotate(sidecar_pod("shop", "web"), "sidecar.istio.io/interceptionMode", "TPROXY"));
-    let client = c.run(&plain_pod("shop", "client"));
-    // Nothing listens on 8080: only the TPROXY rule can deliver the connection to this socket.
-    let proxy = web.netns.listen_tcp_transparent(INBOUND_PORT);
-    client.netns.connect_tcp(addr(web.ip, 8080), None).expect("client connects");
-    let got = proxy.accepted();
-    assert_eq!(got.local, addr(web.ip, 8080), "TPROXY keeps the original destination as the local address");
-    // Outbound still uses REDIRECT in TPROXY mode.
-    let db = c.run(&plain_pod("shop", "db"));
-    let out = web.netns.listen_tcp(OUTBOUND_PORT);
-    web.netns.connect_tcp(addr(db.ip, 5432), Some(APP_UID)).expect("app connects");
-    assert_eq!(out.accepted().original_dst, Some(SocketAddrV4::new(db.ip, 5432)));
-    let rule = web.netns.exec_ok(&["ip", "rule"]);
-    assert!(rule.contains("fwmark 0x539 lookup 133"), "TPROXY policy routing missing: {rule}");
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let web = c.run(&annotate(sidecar_pod("shop", "web"), "sidecar.istio.io/interceptionMode", "TPROXY"));
+        let client = c.run(&plain_pod("shop", "client"));
+        // Nothing listens on 8080: only the TPROXY rule can deliver the connection to this socket.
+        let proxy = web.netns.listen_tcp_transparent(INBOUND_PORT);
+        client.netns.connect_tcp(addr(web.ip, 8080), None).expect("client connects");
+        let got = proxy.accepted();
+        assert_eq!(got.local, addr(web.ip, 8080), "TPROXY keeps the original destination as the local address");
+        // Outbound still uses REDIRECT in TPROXY mode.
+        let db = c.run(&plain_pod("shop", "db"));
+        let out = web.netns.listen_tcp(OUTBOUND_PORT);
+        web.netns.connect_tcp(addr(db.ip, 5432), Some(APP_UID)).expect("app connects");
+        assert_eq!(out.accepted().original_dst, Some(SocketAddrV4::new(db.ip, 5432)));
+        let rule = web.netns.exec_ok(&["ip", "rule"]);
+        assert!(rule.contains("fwmark 0x539 lookup 133"), "TPROXY policy routing missing: {rule}");
+    });
 }
 
 #[test]
 fn excluded_ports_and_the_proxy_uid_are_not_redirected() {
-    let c = Cluster::new();
-    let pod = annotate(sidecar_pod("shop", "web"), "traffic.sidecar.istio.io/excludeInboundPorts", "9090");
-    let web = c.run(&annotate(pod, "traffic.sidecar.istio.io/excludeOutboundPorts", "5432"));
-    let db = c.run(&plain_pod("shop", "db"));
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let pod = annotate(sidecar_pod("shop", "web"), "traffic.sidecar.istio.io/excludeInboundPorts", "9090");
+        let web = c.run(&annotate(pod, "traffic.sidecar.istio.io/excludeOutboundPorts", "5432"));
+        let db = c.run(&plain_pod("shop", "db"));
 
-    let app = web.netns.listen_tcp(9090);
-    db.netns.connect_tcp(addr(web.ip, 9090), None).expect("connect to excluded inbound port");
-    assert_eq!(app.accepted().local, addr(web.ip, 9090), "excluded inbound port reaches the app");
+        let app = web.netns.listen_tcp(9090);
+        db.netns.connect_tcp(addr(web.ip, 9090), None).expect("connect to excluded inbound port");
+        assert_eq!(app.accepted().local, addr(web.ip, 9090), "excluded inbound port reaches the app");
 
-    let db_listener = db.netns.listen_tcp(8080);
-    web.netns.connect_tcp(addr(db.ip, 8080), Some(PROXY_UID)).expect("proxy connects");
-    assert_eq!(db_listener.accepted().peer.ip(), std::net::IpAddr::from(web.ip), "uid 1337 goes straight out");
+        let db_listener = db.netns.listen_tcp(8080);
+        web.netns.connect_tcp(addr(db.ip, 8080), Some(PROXY_UID)).expect("proxy connects");
+        assert_eq!(db_listener.accepted().peer.ip(), std::net::IpAddr::from(web.ip), "uid 1337 goes straight out");
 
-    let db_pg = db.netns.listen_tcp(5432);
-    web.netns.connect_tcp(addr(db.ip, 5432), Some(APP_UID)).expect("app connects to excluded port");
-    assert_eq!(db_pg.accepted().local, addr(db.ip, 5432), "excluded outbound port goes straight out");
+        let db_pg = db.netns.listen_tcp(5432);
+        web.netns.connect_tcp(addr(db.ip, 5432), Some(APP_UID)).expect("app connects to excluded port");
+        assert_eq!(db_pg.accepted().local, addr(db.ip, 5432), "excluded outbound port goes straight out");
+    });
 }
 
 #[test]
@@ -120,7 +132,7 @@ fn pods_without_a_sidecar_get_no_rules_and_keep_their_ip() {
     ];
     for pod in &skipped {
         let p = c.run(pod);
-        assert!(!rules(&p.netns).contains("ISTIO"), "{}: rules were installed", pod["metadata"]["name"]);
+        assert!(!rules(&p.netns).to_lowercase().contains("istio"), "{}: rules were installed", pod["metadata"]["name"]);
         let eth0 = p.netns.exec_ok(&["ip", "-4", "-o", "addr", "show", "eth0"]);
         assert!(eth0.contains(&format!("{}/24", p.ip)), "pod IP missing on eth0: {eth0}");
         assert_eq!(p.result["interfaces"].as_array().map(Vec::len), Some(3), "bridge's interfaces passed through");
@@ -137,7 +149,7 @@ fn an_invalid_annotation_fails_add_with_code_7_and_leaves_no_rules() {
     let err = plugin_error(result);
     assert_eq!(err.code, Some(7), "{err:?}");
     assert!(err.msg.contains("traffic.sidecar.istio.io/includeInboundPorts"), "{}", err.msg);
-    assert!(!rules(&netns).contains("ISTIO"));
+    assert!(!rules(&netns).to_lowercase().contains("istio"));
 }
 
 #[test]
@@ -150,7 +162,10 @@ fn add_fails_closed_with_code_11_when_the_api_server_is_down() {
     let err = plugin_error(result);
     assert_eq!(err.code, Some(11), "{err:?}");
     assert!(err.msg.contains("shop/web") && err.msg.contains("3 attempts"), "{}", err.msg);
-    assert!(!rules(&netns).contains("ISTIO"), "a pod that should be meshed must not start half-redirected");
+    assert!(
+        !rules(&netns).to_lowercase().contains("istio"),
+        "a pod that should be meshed must not start half-redirected"
+    );
 }
 
 #[test]
@@ -167,7 +182,8 @@ fn own_pods_and_excluded_namespaces_pass_through_without_touching_the_api() {
     c.api.clear_requests();
     let own = c.run(&sidecar_pod("istio-system", "istio-cni-node-x7k2p"));
     let system = c.run(&sidecar_pod("kube-system", "coredns"));
-    assert!(!rules(&own.netns).contains("ISTIO") && !rules(&system.netns).contains("ISTIO"));
+    assert!(!rules(&own.netns).to_lowercase().contains("istio"));
+    assert!(!rules(&system.netns).to_lowercase().contains("istio"));
     assert!(c.api.requests().is_empty(), "API was called: {:?}", c.api.requests());
 }
 
@@ -207,78 +223,122 @@ fn check_and_repeated_del_succeed_for_a_sidecar_pod() {
 
 #[test]
 fn reapplying_is_idempotent() {
-    let c = Cluster::new();
-    let web = c.run(&sidecar_pod("shop", "web"));
-    let first = web.netns.exec_ok(&["iptables-nft-save"]);
-    // Run our plugin's ADD again on the same pod, exactly as the runtime invoked it the first time.
-    let mut stdin = c.istio_cni();
-    stdin["cniVersion"] = json!("1.0.0");
-    stdin["name"] = json!("cni-test-net");
-    stdin["prevResult"] = web.result.clone();
-    let netns = web.netns.path();
-    let env = [
-        ("CNI_COMMAND", "ADD"),
-        ("CNI_CONTAINERID", web.conf.container_id.as_str()),
-        ("CNI_NETNS", netns.to_str().unwrap()),
-        ("CNI_IFNAME", "eth0"),
-        ("CNI_ARGS", "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web"),
-    ];
-    let out = c.node.runtime().exec_raw(&tests::bins::path("istio-cni"), &env, stdin.to_string().as_bytes()).unwrap();
-    assert!(out.status.success(), "second ADD: {}{}", out.stdout_str(), out.stderr_str());
-    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(result, web.result, "prevResult passes through unchanged");
-    let strip = |s: &str| s.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n");
-    assert_eq!(strip(&first), strip(&web.netns.exec_ok(&["iptables-nft-save"])));
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let web = c.run(&sidecar_pod("shop", "web"));
+        let first = backend.dump(&web.netns);
+        // Run our plugin's ADD again on the same pod, exactly as the runtime invoked it the first time.
+        let mut stdin = c.istio_cni();
+        stdin["cniVersion"] = json!("1.0.0");
+        stdin["name"] = json!("cni-test-net");
+        stdin["prevResult"] = web.result.clone();
+        let netns = web.netns.path();
+        let env = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", web.conf.container_id.as_str()),
+            ("CNI_NETNS", netns.to_str().unwrap()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web"),
+        ];
+        let bin = tests::bins::path("istio-cni");
+        let out = c.node.runtime().exec_raw(&bin, &env, stdin.to_string().as_bytes()).unwrap();
+        assert!(out.status.success(), "second ADD: {}{}", out.stdout_str(), out.stderr_str());
+        let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(result, web.result, "prevResult passes through unchanged");
+        let strip = |s: &str| s.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n");
+        assert_eq!(strip(&first), strip(&backend.dump(&web.netns)));
+    });
 }
 
 #[test]
 fn dns_capture_and_invalid_drop_rules_are_accepted_by_the_kernel() {
-    let c = Cluster::new();
-    let pod =
-        proxy_env(proxy_env(sidecar_pod("shop", "web"), "ISTIO_META_DNS_CAPTURE", "true"), "INVALID_DROP", "true");
-    let web = c.run(&pod);
-    let saved = rules(&web.netns);
-    assert!(saved.contains("--to-ports 15053"), "{saved}");
-    assert!(saved.contains("CT --zone 1"), "{saved}");
-    assert!(saved.contains("--ctstate INVALID -j ISTIO_DROP"), "{saved}");
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let pod = proxy_env(sidecar_pod("shop", "web"), "ISTIO_META_DNS_CAPTURE", "true");
+        let web = c.run(&proxy_env(pod, "INVALID_DROP", "true"));
+        let saved = backend.dump(&web.netns);
+        let markers: &[&str] = match backend {
+            RuleBackend::Nftables => &["redirect to :15053", "ct zone set 1", "ct state invalid"],
+            _ => &["--to-ports 15053", "CT --zone 1", "--ctstate INVALID -j ISTIO_DROP"],
+        };
+        for marker in markers {
+            assert!(saved.contains(marker), "{marker:?} missing:\n{saved}");
+        }
+    });
 }
 
 #[test]
-fn forced_legacy_backend_programs_legacy_tables() {
-    let mut c = Cluster::new();
-    c.plugin_overrides = json!({ "force_iptables_binary": "iptables-legacy" });
-    let web = c.run(&sidecar_pod("shop", "web"));
-    assert!(web.netns.exec_ok(&["iptables-legacy-save"]).contains("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"));
-    assert!(!web.netns.exec_ok(&["iptables-nft-save"]).contains("ISTIO"));
-    let proxy = web.netns.listen_tcp(OUTBOUND_PORT);
-    let db = c.run(&plain_pod("shop", "db"));
-    web.netns.connect_tcp(addr(db.ip, 80), Some(APP_UID)).expect("app connects");
-    assert_eq!(proxy.accepted().original_dst, Some(SocketAddrV4::new(db.ip, 80)));
+fn each_backend_programs_only_its_own_tables() {
+    let marker = |b: RuleBackend, ns: &NetnsGuard| match b {
+        RuleBackend::Nftables => ns.exec_ok(&["nft", "list", "tables"]).contains("istio-proxy-nat"),
+        RuleBackend::IptablesNft => ns.exec_ok(&["iptables-nft-save"]).contains("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"),
+        RuleBackend::IptablesLegacy => {
+            ns.exec_ok(&["iptables-legacy-save"]).contains("-A ISTIO_OUTPUT -j ISTIO_REDIRECT")
+        }
+    };
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let web = c.run(&sidecar_pod("shop", "web"));
+        for other in RuleBackend::ALL {
+            assert_eq!(marker(other, &web.netns), other == backend, "{other:?} tables after ADD with {backend:?}");
+        }
+    });
 }
 
 #[test]
-fn pods_with_ipv6_addresses_get_ip6tables_rules() {
-    let c = Cluster::new();
-    let mut list = c.conflist();
-    let v6 = format!("fd00:{:x}::/64", std::process::id() % 0xffff);
-    list["plugins"][0]["ipam"]["ranges"].as_array_mut().unwrap().push(json!([{ "subnet": v6 }]));
-    let pod = sidecar_pod("shop", "dual");
-    c.create(&pod);
-    let dual = c.node.try_add_pod_with(list, "dual", "shop").expect("dual-stack ADD");
-    assert!(dual.result["ips"].as_array().unwrap().iter().any(|ip| ip["address"].as_str().unwrap().contains(':')));
-    let v6_rules = dual.netns.exec_ok(&["ip6tables-nft-save"]);
-    assert!(v6_rules.contains("-A ISTIO_OUTPUT -s ::6/128 -o lo -j RETURN"), "{v6_rules}");
-    assert!(dual.netns.exec_ok(&["ip", "-6", "addr", "show", "dev", "lo"]).contains("::6/128"));
+fn pods_with_ipv6_addresses_get_ipv6_rules() {
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let mut list = c.conflist();
+        let v6 = format!("fd00:{:x}::/64", std::process::id() % 0xffff);
+        list["plugins"][0]["ipam"]["ranges"].as_array_mut().unwrap().push(json!([{ "subnet": v6 }]));
+        c.create(&sidecar_pod("shop", "dual"));
+        let dual = c.node.try_add_pod_with(list, "dual", "shop").expect("dual-stack ADD");
+        let ips = dual.result["ips"].as_array().unwrap();
+        assert!(ips.iter().any(|ip| ip["address"].as_str().unwrap().contains(':')), "no IPv6 address: {ips:?}");
+        let marker = match backend {
+            RuleBackend::Nftables => "ip6 saddr ::6",
+            _ => "-A ISTIO_OUTPUT -s ::6/128 -o lo -j RETURN",
+        };
+        let saved = backend.dump(&dual.netns);
+        assert!(saved.contains(marker), "{marker:?} missing:\n{saved}");
+        assert!(dual.netns.exec_ok(&["ip", "-6", "addr", "show", "dev", "lo"]).contains("::6/128"));
+    });
 }
 
 #[test]
 fn add_does_not_wait_for_the_hosts_xtables_lock() {
-    let mut c = Cluster::new();
-    c.plugin_overrides = json!({ "force_iptables_binary": "iptables-legacy" });
+    let c = Cluster::with_backend(RuleBackend::IptablesLegacy);
     // kube-proxy holding the host's xtables lock must not stall pod creation: the pod netns has its own tables.
     let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/run/xtables.lock").unwrap();
     let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock).expect("take xtables lock");
     let web = c.run(&sidecar_pod("shop", "web"));
     assert!(web.netns.exec_ok(&["iptables-legacy-save"]).contains("ISTIO_REDIRECT"));
     drop(held);
+}
+
+#[test]
+fn a_host_without_iptables_or_nft_programs_sidecar_pods_with_native_nftables() {
+    let c = Cluster::with_backend(RuleBackend::Nftables);
+    c.create(&sidecar_pod("shop", "web"));
+    let pod_ns = c.node.pod_netns();
+    let mut stdin = c.istio_cni();
+    stdin["cniVersion"] = json!("1.0.0");
+    stdin["name"] = json!("k8s-pod-network");
+    let empty = tempfile::tempdir().unwrap();
+    let netns = pod_ns.path();
+    let env = [
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "no-binaries"),
+        ("CNI_NETNS", netns.to_str().unwrap()),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_ARGS", "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web"),
+        // Nothing at all can be found on this PATH: no iptables, no nft, no shell.
+        ("PATH", empty.path().to_str().unwrap()),
+    ];
+    let bin = tests::bins::path("istio-cni");
+    let out = c.node.runtime().exec_raw(&bin, &env, stdin.to_string().as_bytes()).unwrap();
+    assert!(out.status.success(), "ADD without binaries: {}{}", out.stdout_str(), out.stderr_str());
+    let tables = pod_ns.exec_ok(&["nft", "list", "tables"]);
+    assert!(tables.contains("istio-proxy-nat"), "{tables}");
 }
