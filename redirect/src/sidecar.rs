@@ -120,6 +120,20 @@ pub struct SidecarConfig {
     pub tproxy_route_table: u32,
 }
 
+impl SidecarConfig {
+    /// Where Istio's CNI plugin starts for an injected pod before its annotations: capture every inbound port but
+    /// the sidecar's own (15020, 15021, 15090) and every outbound address, and let 15020 out uncaptured.
+    pub fn cni_pod_defaults() -> Self {
+        Self {
+            inbound_ports_include: PortSpec::All,
+            inbound_ports_exclude: vec![15020, 15021, 15090],
+            outbound_ports_exclude: vec![15020],
+            outbound_ip_ranges_include: CidrSpec::All,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for SidecarConfig {
     /// The istio-iptables baseline: no inbound capture, no outbound catch-all, IPv4 only.
     fn default() -> Self {

@@ -3,7 +3,7 @@
 use netns::Netns;
 use redirect::apply::{apply, detect_backend, dump, remove, ApplyError, IptablesBackend};
 use redirect::model::{Family, Match, OwnerId, Rule, Table, Target};
-use redirect::sidecar::{build, CidrSpec, InterceptMode, Plan, PortSpec, SidecarConfig};
+use redirect::sidecar::{build, InterceptMode, Plan, SidecarConfig};
 use tests::NetnsGuard;
 
 /// A fresh netns (removed on drop, also on panic) with an open handle for the apply step.
@@ -25,24 +25,13 @@ impl TestNetns {
     }
 }
 
-/// The plan the CNI plugin programs for a default sidecar pod.
-fn sidecar_cfg() -> SidecarConfig {
-    SidecarConfig {
-        inbound_ports_include: PortSpec::All,
-        inbound_ports_exclude: vec![15020, 15021, 15090],
-        outbound_ports_exclude: vec![15020],
-        outbound_ip_ranges_include: CidrSpec::All,
-        ..SidecarConfig::default()
-    }
-}
-
 fn rule_lines(save: &str) -> Vec<&str> {
     save.lines().filter(|l| l.starts_with("-A ")).collect()
 }
 
 fn basic_plan_applies_and_reapplies(backend: IptablesBackend) {
     let t = TestNetns::new();
-    let plan = build(&sidecar_cfg());
+    let plan = build(&SidecarConfig::cni_pod_defaults());
     apply(&t.ns, &plan, backend).expect("first apply");
     let first = dump(&t.ns, backend, Family::V4).expect("dump");
     assert!(first.contains("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"), "{first}");
@@ -73,7 +62,7 @@ fn legacy_apply_is_idempotent_and_removable() {
 /// A payload iptables rejects must fail with its stderr and leave the previous rules untouched.
 fn broken_payload_is_atomic(backend: IptablesBackend) {
     let t = TestNetns::new();
-    let plan = build(&sidecar_cfg());
+    let plan = build(&SidecarConfig::cni_pod_defaults());
     apply(&t.ns, &plan, backend).expect("apply good plan");
     let before = dump(&t.ns, backend, Family::V4).expect("dump");
 
@@ -117,7 +106,7 @@ fn tproxy_plan_programs_policy_routing_for_both_families() {
         redirect_dns: true,
         capture_all_dns: true,
         drop_invalid: true,
-        ..sidecar_cfg()
+        ..SidecarConfig::cni_pod_defaults()
     };
     let plan = build(&cfg);
     let backend = IptablesBackend::Nft;
@@ -145,7 +134,7 @@ fn passthrough_v6_on_lo(t: &TestNetns) -> (usize, String) {
 #[test]
 fn ipv6_plan_adds_passthrough_source_to_lo_once() {
     let t = TestNetns::new();
-    let plan = build(&SidecarConfig { enable_ipv6: true, ..sidecar_cfg() });
+    let plan = build(&SidecarConfig { enable_ipv6: true, ..SidecarConfig::cni_pod_defaults() });
     apply(&t.ns, &plan, IptablesBackend::Nft).expect("apply v6 plan");
     apply(&t.ns, &plan, IptablesBackend::Nft).expect("re-apply v6 plan");
 
@@ -160,7 +149,7 @@ fn ipv6_plan_adds_passthrough_source_to_lo_once() {
 #[test]
 fn ipv4_only_plan_leaves_lo_without_passthrough_v6() {
     let t = TestNetns::new();
-    apply(&t.ns, &build(&sidecar_cfg()), IptablesBackend::Nft).expect("apply v4 plan");
+    apply(&t.ns, &build(&SidecarConfig::cni_pod_defaults()), IptablesBackend::Nft).expect("apply v4 plan");
     let (count, json) = passthrough_v6_on_lo(&t);
     assert_eq!(count, 0, "{json}");
 }

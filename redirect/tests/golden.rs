@@ -64,16 +64,6 @@ fn tables(payload: &str) -> BTreeMap<String, String> {
 
 // ---- plugin-sidecar: settings the CNI plugin derives from the pod (INDEX §1) ----
 
-fn plugin_base() -> SidecarConfig {
-    SidecarConfig {
-        inbound_ports_include: PortSpec::All,
-        inbound_ports_exclude: vec![15020, 15021, 15090],
-        outbound_ports_exclude: vec![15020],
-        outbound_ip_ranges_include: CidrSpec::All,
-        ..SidecarConfig::default()
-    }
-}
-
 fn check_plugin(name: &str, cfg: SidecarConfig) {
     let plan = build(&cfg);
     assert!(plan.v6.is_none(), "{name}: IPv4-only host expected");
@@ -90,7 +80,7 @@ macro_rules! plugin_case {
     ($fn:ident, $golden:literal, |$c:ident| $body:block) => {
         #[test]
         fn $fn() {
-            let mut $c = plugin_base();
+            let mut $c = SidecarConfig::cni_pod_defaults();
             $body
             check_plugin($golden, $c);
         }
