@@ -1,0 +1,210 @@
+//! Who is in the ambient mesh: Istio's enablement selectors (pod and namespace label selectors), evaluated the
+//! same way by the plugin at pod creation and by the node agent for running pods, plus the pods that are never
+//! enrolled whatever their labels say.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use serde::{Deserialize, Serialize};
+
+/// The label that puts a pod or namespace into a data-plane mode.
+pub const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
+/// The annotation the injector adds to sidecar pods; such pods are never enrolled in ambient.
+pub const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
+
+/// Istio's default: the pod label `istio.io/dataplane-mode=ambient`, or the namespace label unless the pod
+/// label says `none`.
+pub const DEFAULT_SELECTORS_YAML: &str = r#"
+- podSelector:
+    matchLabels: {istio.io/dataplane-mode: ambient}
+- podSelector:
+    matchExpressions:
+    - {key: istio.io/dataplane-mode, operator: NotIn, values: [none]}
+  namespaceSelector:
+    matchLabels: {istio.io/dataplane-mode: ambient}
+"#;
+
+/// A bad selector configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectorError {
+    /// The YAML/JSON could not be parsed as a list of selectors.
+    #[error("enablement selectors: {0}")]
+    Parse(String),
+    /// An operator other than In, NotIn, Exists, DoesNotExist.
+    #[error("enablement selectors: unknown operator {0:?}")]
+    Operator(String),
+}
+
+/// One entry: the pod matches when both selectors match (a missing selector matches everything).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnablementSelector {
+    /// Selector over the pod's labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+    /// Selector over the pod's namespace's labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+/// The configured selectors; a pod is enabled when any of them matches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Selectors(pub Vec<EnablementSelector>);
+
+impl Default for Selectors {
+    fn default() -> Self {
+        Selectors::parse(DEFAULT_SELECTORS_YAML).expect("built-in selectors parse")
+    }
+}
+
+/// Labels of a pod or namespace.
+pub type Labels = BTreeMap<String, String>;
+
+impl Selectors {
+    /// Parses YAML or JSON (JSON is YAML) as `AMBIENT_ENABLEMENT_SELECTOR` and the netconf carry it; operators are
+    /// checked up front so a typo fails at startup, not silently at match time.
+    pub fn parse(text: &str) -> Result<Selectors, SelectorError> {
+        let s: Selectors = serde_yaml::from_str(text).map_err(|e| SelectorError::Parse(e.to_string()))?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// From the netconf's already-decoded JSON value (`null` or absent means the defaults).
+    pub fn from_json(value: Option<&serde_json::Value>) -> Result<Selectors, SelectorError> {
+        match value {
+            None | Some(serde_json::Value::Null) => Ok(Selectors::default()),
+            Some(v) => {
+                let s: Selectors =
+                    serde_json::from_value(v.clone()).map_err(|e| SelectorError::Parse(e.to_string()))?;
+                s.validate()?;
+                Ok(s)
+            }
+        }
+    }
+
+    fn validate(&self) -> Result<(), SelectorError> {
+        let exprs = self.0.iter().flat_map(|e| [&e.pod_selector, &e.namespace_selector]).flatten();
+        for req in exprs.flat_map(|s| s.match_expressions.iter().flatten()) {
+            if !matches!(req.operator.as_str(), "In" | "NotIn" | "Exists" | "DoesNotExist") {
+                return Err(SelectorError::Operator(req.operator.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a pod with `pod_labels` in a namespace with `namespace_labels` is selected.
+    pub fn matches(&self, pod_labels: &Labels, namespace_labels: &Labels) -> bool {
+        self.0.iter().any(|e| {
+            e.pod_selector.as_ref().is_none_or(|s| selector_matches(s, pod_labels))
+                && e.namespace_selector.as_ref().is_none_or(|s| selector_matches(s, namespace_labels))
+        })
+    }
+}
+
+fn selector_matches(selector: &LabelSelector, labels: &Labels) -> bool {
+    selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v))
+        && selector.match_expressions.iter().flatten().all(|r| requirement_matches(r, labels))
+}
+
+fn requirement_matches(req: &LabelSelectorRequirement, labels: &Labels) -> bool {
+    let value = labels.get(&req.key);
+    let values = req.values.as_deref().unwrap_or_default();
+    match req.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        _ => false,
+    }
+}
+
+/// What the enrollment decision needs to know about a pod besides its labels.
+#[derive(Debug, Clone)]
+pub struct PodFacts<'a> {
+    /// Pod namespace.
+    pub namespace: &'a str,
+    /// Pod labels.
+    pub labels: &'a Labels,
+    /// Pod annotations.
+    pub annotations: &'a Labels,
+    /// `spec.hostNetwork`.
+    pub host_network: bool,
+}
+
+/// The whole rule: host-network pods, sidecar pods and excluded namespaces are never enrolled; everything else
+/// follows the selectors.
+pub fn should_enroll(
+    selectors: &Selectors,
+    pod: &PodFacts<'_>,
+    namespace_labels: &Labels,
+    excluded: &[String],
+) -> bool {
+    !pod.host_network
+        && !pod.annotations.contains_key(SIDECAR_STATUS_ANNOTATION)
+        && !excluded.iter().any(|n| n == pod.namespace)
+        && selectors.matches(pod.labels, namespace_labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn istio_defaults() {
+        let s = Selectors::default();
+        let ambient = labels(&[(DATAPLANE_MODE_LABEL, "ambient")]);
+        let none = labels(&[(DATAPLANE_MODE_LABEL, "none")]);
+        let empty = Labels::new();
+        assert!(s.matches(&ambient, &empty), "pod label alone");
+        assert!(s.matches(&empty, &ambient), "namespace label alone");
+        assert!(!s.matches(&none, &ambient), "pod opts out with none");
+        assert!(!s.matches(&empty, &empty));
+    }
+
+    #[test]
+    fn never_enrolled_whatever_the_labels() {
+        let s = Selectors::default();
+        let ambient = labels(&[(DATAPLANE_MODE_LABEL, "ambient")]);
+        let sidecar = labels(&[(SIDECAR_STATUS_ANNOTATION, "{}")]);
+        let empty = Labels::new();
+        let pod =
+            |host_network, annotations| PodFacts { namespace: "shop", labels: &ambient, annotations, host_network };
+        assert!(should_enroll(&s, &pod(false, &empty), &empty, &[]));
+        assert!(!should_enroll(&s, &pod(true, &empty), &empty, &[]));
+        assert!(!should_enroll(&s, &pod(false, &sidecar), &empty, &[]));
+        assert!(!should_enroll(&s, &pod(false, &empty), &empty, &["shop".into()]));
+    }
+
+    #[test]
+    fn custom_selectors_with_every_operator() {
+        let s = Selectors::parse(
+            r#"[{"podSelector": {"matchExpressions": [
+                 {"key": "team", "operator": "In", "values": ["a", "b"]},
+                 {"key": "legacy", "operator": "DoesNotExist"}]},
+                "namespaceSelector": {"matchExpressions": [{"key": "mesh", "operator": "Exists"}]}}]"#,
+        )
+        .unwrap();
+        let ns = labels(&[("mesh", "")]);
+        assert!(s.matches(&labels(&[("team", "a")]), &ns));
+        assert!(!s.matches(&labels(&[("team", "c")]), &ns));
+        assert!(!s.matches(&labels(&[("team", "a"), ("legacy", "1")]), &ns));
+        assert!(!s.matches(&labels(&[("team", "a")]), &Labels::new()));
+        assert!(matches!(
+            Selectors::parse(r#"[{"podSelector": {"matchExpressions": [{"key": "a", "operator": "Maybe"}]}}]"#),
+            Err(SelectorError::Operator(_))
+        ));
+        assert!(Selectors::parse("not: [a list").is_err());
+    }
+
+    #[test]
+    fn netconf_json_defaults_when_absent() {
+        assert_eq!(Selectors::from_json(None).unwrap(), Selectors::default());
+        let v = serde_json::json!([{"podSelector": {"matchLabels": {"x": "y"}}}]);
+        assert!(Selectors::from_json(Some(&v)).unwrap().matches(&labels(&[("x", "y")]), &Labels::new()));
+    }
+}
