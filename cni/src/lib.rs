@@ -4,6 +4,7 @@
 pub mod args;
 pub mod command;
 pub mod error;
+pub mod plugin_event;
 pub mod result;
 pub mod version;
 

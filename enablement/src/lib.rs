@@ -93,6 +93,20 @@ impl Selectors {
         Ok(())
     }
 
+    /// `Some(answer)` when the pod labels alone decide (an entry without a namespace selector matches, or no entry
+    /// looks at namespaces at all), so callers can skip fetching the namespace; `None` when its labels are needed.
+    pub fn decide_without_namespace(&self, pod_labels: &Labels) -> Option<bool> {
+        let pod_matches =
+            |e: &EnablementSelector| e.pod_selector.as_ref().is_none_or(|s| selector_matches(s, pod_labels));
+        if self.0.iter().any(|e| e.namespace_selector.is_none() && pod_matches(e)) {
+            return Some(true);
+        }
+        if self.0.iter().all(|e| e.namespace_selector.is_none() || !pod_matches(e)) {
+            return Some(false);
+        }
+        None
+    }
+
     /// Whether a pod with `pod_labels` in a namespace with `namespace_labels` is selected.
     pub fn matches(&self, pod_labels: &Labels, namespace_labels: &Labels) -> bool {
         self.0.iter().any(|e| {
@@ -132,18 +146,22 @@ pub struct PodFacts<'a> {
     pub host_network: bool,
 }
 
-/// The whole rule: host-network pods, sidecar pods and excluded namespaces are never enrolled; everything else
-/// follows the selectors.
+/// Pods that are never enrolled whatever their labels say: host-network pods (they have no netns of their own),
+/// sidecar pods (their sidecar already captures traffic) and pods in excluded namespaces.
+pub fn never_enrolled(pod: &PodFacts<'_>, excluded_namespaces: &[String]) -> bool {
+    pod.host_network
+        || pod.annotations.contains_key(SIDECAR_STATUS_ANNOTATION)
+        || excluded_namespaces.iter().any(|n| n == pod.namespace)
+}
+
+/// The whole rule: [`never_enrolled`] pods stay out; everything else follows the selectors.
 pub fn should_enroll(
     selectors: &Selectors,
     pod: &PodFacts<'_>,
     namespace_labels: &Labels,
     excluded: &[String],
 ) -> bool {
-    !pod.host_network
-        && !pod.annotations.contains_key(SIDECAR_STATUS_ANNOTATION)
-        && !excluded.iter().any(|n| n == pod.namespace)
-        && selectors.matches(pod.labels, namespace_labels)
+    !never_enrolled(pod, excluded) && selectors.matches(pod.labels, namespace_labels)
 }
 
 #[cfg(test)]
@@ -199,6 +217,16 @@ mod tests {
             Err(SelectorError::Operator(_))
         ));
         assert!(Selectors::parse("not: [a list").is_err());
+    }
+
+    #[test]
+    fn the_namespace_is_only_needed_when_it_can_change_the_answer() {
+        let s = Selectors::default();
+        assert_eq!(s.decide_without_namespace(&labels(&[(DATAPLANE_MODE_LABEL, "ambient")])), Some(true));
+        assert_eq!(s.decide_without_namespace(&labels(&[(DATAPLANE_MODE_LABEL, "none")])), Some(false));
+        assert_eq!(s.decide_without_namespace(&Labels::new()), None);
+        let pods_only = Selectors::parse(r#"[{"podSelector": {"matchLabels": {"a": "b"}}}]"#).unwrap();
+        assert_eq!(pods_only.decide_without_namespace(&Labels::new()), Some(false));
     }
 
     #[test]

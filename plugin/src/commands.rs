@@ -3,19 +3,19 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+use cni::plugin_event::CmdAdd;
 use cni::{CniError, Command, ErrorCode, Invocation, Version, SUPPORTED_VERSIONS};
 use netns::Netns;
 use redirect::backend::{Backend, HostBackends};
 use serde_json::json;
 
 use crate::config::PluginConf;
+use crate::k8s::{self, ApiServer};
 use crate::pod::PodInfo;
-use crate::{k8s, logging, sidecar};
+use crate::{ambient, logging, sidecar};
 
 /// Name prefix of the istio-cni DaemonSet's pods, which must never wait on themselves.
 const OWN_POD_PREFIX: &str = "istio-cni-node-";
-/// Socket the node agent serves plugin events on (ambient).
-const AGENT_SOCKET: &str = "pluginevent.sock";
 
 /// Runs the command named by the environment.
 pub fn run(env: &HashMap<String, String>, stdin: Vec<u8>) -> Result<Option<String>, CniError> {
@@ -119,8 +119,20 @@ fn add(
     let netns = Netns::open(&inv.netns)
         .map_err(|e| CniError::new(ErrorCode::InvalidEnv, format!("CNI_NETNS {:?} is not usable: {e}", inv.netns)))?;
     let (attempts, interval) = conf.pod_lookup();
-    let pod = k8s::get_pod(&conf.kubeconfig(), namespace, name, attempts, interval)
-        .map_err(|e| CniError::new(ErrorCode::TryAgainLater, e.to_string()))?;
+    let try_again = |e: k8s::LookupError| CniError::new(ErrorCode::TryAgainLater, e.to_string());
+    let api = ApiServer::connect(&conf.kubeconfig(), attempts, interval).map_err(try_again)?;
+    let pod = api.pod(namespace, name).map_err(try_again)?;
+    if conf.ambient_enabled && ambient::is_ambient(conf, &api, &pod)? {
+        let event = CmdAdd {
+            netns: inv.netns.clone(),
+            pod_name: name.to_string(),
+            pod_namespace: namespace.to_string(),
+            ips: result["ips"].as_array().cloned().unwrap_or_default(),
+        };
+        ambient::hand_over(&conf.run_dir(), &event)?;
+        tracing::info!("ambient pod enrolled by the node agent");
+        return Ok(out);
+    }
     let pod = PodInfo::from(&pod);
     if let Err(skip) = sidecar::decide(&pod) {
         tracing::info!(reason = ?skip, "no redirection needed, passing through");
@@ -174,7 +186,7 @@ fn status(conf: &PluginConf) -> Result<(), CniError> {
         ));
     }
     if conf.ambient_enabled {
-        let socket = conf.run_dir().join(AGENT_SOCKET);
+        let socket = conf.run_dir().join(cni::plugin_event::SOCKET_NAME);
         if let Err(e) = std::os::unix::net::UnixStream::connect(&socket) {
             return Err(CniError::new(
                 ErrorCode::NotAvailable,

@@ -1,0 +1,53 @@
+//! The event the plugin sends the node agent for an ambient pod (`POST /cmdadd` on
+//! `<run dir>/pluginevent.sock`), in Istio's wire format, so either side can talk to Istio's counterpart.
+
+use serde::{Deserialize, Serialize};
+
+/// Path of the add endpoint on the agent's socket.
+pub const CMDADD_PATH: &str = "/cmdadd";
+/// File name of the agent's socket in the run dir.
+pub const SOCKET_NAME: &str = "pluginevent.sock";
+
+/// A pod the plugin hands over for enrollment. Field names are Istio's (Go's exported names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CmdAdd {
+    /// The pod's netns path as the runtime gave it (`CNI_NETNS`).
+    #[serde(rename = "Netns")]
+    pub netns: String,
+    /// Pod name.
+    #[serde(rename = "PodName")]
+    pub pod_name: String,
+    /// Pod namespace.
+    #[serde(rename = "PodNamespace")]
+    pub pod_namespace: String,
+    /// The `ips` of the CNI result (each `{"address": "10.0.0.2/24", ...}`).
+    #[serde(rename = "IPs", default)]
+    pub ips: Vec<serde_json::Value>,
+}
+
+impl CmdAdd {
+    /// The addresses without prefix length; unparsable entries are skipped.
+    pub fn addresses(&self) -> Vec<std::net::IpAddr> {
+        crate::result::addresses(&serde_json::json!({ "ips": self.ips }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_names_are_istios() {
+        let e = CmdAdd {
+            netns: "/var/run/netns/x".into(),
+            pod_name: "web".into(),
+            pod_namespace: "shop".into(),
+            ips: vec![serde_json::json!({"address": "10.0.0.2/24", "gateway": "10.0.0.1", "interface": 0})],
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["Netns"], "/var/run/netns/x");
+        assert_eq!(v["PodNamespace"], "shop");
+        assert_eq!(v["IPs"][0]["address"], "10.0.0.2/24");
+        assert_eq!(e.addresses(), vec!["10.0.0.2".parse::<std::net::IpAddr>().unwrap()]);
+    }
+}
