@@ -159,7 +159,7 @@ impl SeqpacketConn {
             }) {
                 Ok(Ok(n)) if n == bytes.len() => return Ok(()),
                 Ok(Ok(n)) => return Err(ZdsError::Protocol(format!("short send of {n} of {} bytes", bytes.len()))),
-                Ok(Err(e)) if e.raw_os_error() == Some(libc::EPIPE) => return Err(ZdsError::PeerClosed),
+                Ok(Err(e)) if is_hang_up(&e) => return Err(ZdsError::PeerClosed),
                 Ok(Err(e)) => return Err(io_error("send", e)),
                 Err(_would_block) => continue,
             }
@@ -174,6 +174,7 @@ impl SeqpacketConn {
         loop {
             let mut guard = self.fd.readable().await.map_err(|e| io_error("recv", e))?;
             match guard.try_io(|inner| recv_once(inner.as_raw_fd())) {
+                Ok(Err(e)) if is_hang_up(&e) => return Err(ZdsError::PeerClosed),
                 Ok(result) => return result.map_err(|e| io_error("recv", e))?,
                 Err(_would_block) => continue,
             }
@@ -200,6 +201,11 @@ impl AsFd for SeqpacketConn {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.get_ref().as_fd()
     }
+}
+
+/// The peer is gone. ECONNRESET is how Linux reports a peer that closed with our datagrams still unread.
+fn is_hang_up(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET))
 }
 
 /// One non-blocking `recvmsg`. The outer result carries `WouldBlock` for tokio; the inner one the outcome.
