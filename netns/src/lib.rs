@@ -4,8 +4,10 @@
 //! namespace is executed on a fresh, dedicated thread that is thrown away afterwards. The caller's threads
 //! (and the tokio runtime) never change namespace.
 
+pub mod discover;
+
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -60,6 +62,18 @@ impl Netns {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, NetnsError> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|source| NetnsError::Open { path: path.clone(), source })?;
+        Self::from_file(file, path)
+    }
+
+    /// Wraps a netns fd received from elsewhere (e.g. over `SCM_RIGHTS`), which has no path of its own.
+    ///
+    /// `label` only names the namespace in errors and logs. The fd is checked like [`Netns::open`] checks a
+    /// path, so a wrong fd fails here rather than at `setns` time.
+    pub fn from_fd(fd: OwnedFd, label: impl Into<PathBuf>) -> Result<Self, NetnsError> {
+        Self::from_file(File::from(fd), label.into())
+    }
+
+    fn from_file(file: File, path: PathBuf) -> Result<Self, NetnsError> {
         let fs = nix::sys::statfs::fstatfs(file.as_fd())
             .map_err(|e| NetnsError::Open { path: path.clone(), source: e.into() })?;
         let magic = fs.filesystem_type().0 as i64;
@@ -88,6 +102,12 @@ impl Netns {
     /// The open file, for passing the namespace to another process.
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// A duplicate of the namespace fd that the caller owns, so it can be handed to another party (the ZDS
+    /// peer) while this handle keeps the namespace open.
+    pub fn try_clone_fd(&self) -> std::io::Result<OwnedFd> {
+        self.file.as_fd().try_clone_to_owned()
     }
 
     /// Runs `f` on a new thread that has entered this namespace, and returns its result.
@@ -128,6 +148,21 @@ mod tests {
     fn regular_file_is_rejected() {
         let err = Netns::open("/proc/self/status").unwrap_err();
         assert!(matches!(err, NetnsError::NotNetns(_)), "{err}");
+    }
+
+    #[test]
+    fn fd_round_trips_through_from_fd() {
+        let ns = Netns::current().expect("open own netns");
+        let dup = Netns::from_fd(ns.try_clone_fd().unwrap(), "dup").unwrap();
+        assert_eq!(dup.id(), ns.id());
+        assert_eq!(dup.path(), Path::new("dup"));
+    }
+
+    #[test]
+    fn from_fd_rejects_a_regular_file() {
+        let fd = OwnedFd::from(File::open("/proc/self/status").unwrap());
+        let err = Netns::from_fd(fd, "status fd").unwrap_err();
+        assert!(matches!(err, NetnsError::NotNetns(ref p) if p == Path::new("status fd")), "{err}");
     }
 
     #[test]
