@@ -10,6 +10,8 @@
 //! * [`server`]: the agent side ([`ZdsServer`], [`ZdsHandle`]);
 //! * [`client`]: the proxy side ([`ZdsClient`]), also used by tests as a test peer.
 
+#![warn(missing_docs)]
+
 pub mod client;
 mod error;
 pub mod messages;

@@ -58,7 +58,7 @@ impl Agent {
 }
 
 fn fast() -> ServerConfig {
-    ServerConfig { io_timeout: Duration::from_millis(300), ..ServerConfig::default() }
+    ServerConfig { io_timeout: Duration::from_secs(1), ..ServerConfig::default() }
 }
 
 fn info(uid: &str) -> WorkloadInfo {
@@ -146,11 +146,11 @@ async fn good_peer(agent: &Agent, pods: &[(&str, (u64, u64))]) -> ZdsClient {
 async fn snapshot_sends_one_netns_fd_per_pod_then_snapshot_sent() {
     let mut pods = Vec::new();
     let mut ids = Vec::new();
-    // One pod stands for a real netns: this process's own.
+    // 50 pods, as many as the agent-restart acceptance test enrolls. One stands for a real netns: our own.
     let own = OwnedFd::from(File::open("/proc/self/ns/net").unwrap());
     ids.push(("pod-0".to_string(), file_id(&own)));
     pods.push(PodSnapshotEntry { uid: "pod-0".into(), info: info("pod-0"), netns: Some(Arc::new(own)) });
-    for i in 1..8 {
+    for i in 1..50 {
         let uid = format!("pod-{i}");
         let (entry, id) = pod_with_netns(&uid);
         pods.push(entry);
