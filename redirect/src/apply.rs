@@ -27,7 +27,7 @@ pub enum IptablesBackend {
 }
 
 impl IptablesBackend {
-    fn binary(self, family: Family, tool: &str) -> String {
+    pub(crate) fn binary(self, family: Family, tool: &str) -> String {
         let prefix = match family {
             Family::V4 => "iptables",
             Family::V6 => "ip6tables",
@@ -97,7 +97,7 @@ const OWNED_TABLES: [Table; 3] = [Table::Mangle, Table::Nat, Table::Raw];
 /// Chains kube components create in the host netns; their presence tells which backend the node uses.
 const KUBE_HINT_CHAINS: [&str; 2] = [":KUBE-IPTABLES-HINT", ":KUBE-KUBELET-CANARY"];
 /// The loopback device always has this ifindex in every netns (LOOPBACK_IFINDEX in the kernel).
-const LOOPBACK_IFINDEX: u32 = 1;
+pub(crate) const LOOPBACK_IFINDEX: u32 = 1;
 
 /// Chooses the backend as Istio does: `force` (FORCE_IPTABLES_BINARY) wins; otherwise whichever flavour holds
 /// kube's hint chains in the caller's (host) netns; otherwise nft if installed, else legacy.
@@ -190,7 +190,7 @@ pub fn dump(netns: &Netns, backend: IptablesBackend, family: Family) -> Result<S
 }
 
 /// A lock directory of our own, so iptables-legacy never waits on the host's /run/xtables.lock (kube-proxy).
-fn private_lock_dir() -> Result<tempfile::TempDir, ApplyError> {
+pub(crate) fn private_lock_dir() -> Result<tempfile::TempDir, ApplyError> {
     let base: PathBuf =
         ["/run", "/tmp"].iter().map(PathBuf::from).find(|p| p.is_dir()).unwrap_or_else(std::env::temp_dir);
     tempfile::Builder::new()
@@ -199,7 +199,7 @@ fn private_lock_dir() -> Result<tempfile::TempDir, ApplyError> {
         .map_err(|source| ApplyError::Setup { what: format!("create lock dir in {}", base.display()), source })
 }
 
-fn command_error(binary: &str, family: Family, status: ExitStatus, stderr: &[u8]) -> ApplyError {
+pub(crate) fn command_error(binary: &str, family: Family, status: ExitStatus, stderr: &[u8]) -> ApplyError {
     ApplyError::Command {
         binary: binary.to_string(),
         family,
@@ -331,11 +331,14 @@ async fn has_fwmark_rule(handle: &Handle, family: Family, routes: TproxyRoutes) 
     }))
 }
 
-fn local_default<T>(builder: RouteMessageBuilder<T>, table: u32) -> rtnetlink::packet_route::route::RouteMessage {
+pub(crate) fn local_default<T>(
+    builder: RouteMessageBuilder<T>,
+    table: u32,
+) -> rtnetlink::packet_route::route::RouteMessage {
     builder.output_interface(LOOPBACK_IFINDEX).table_id(table).kind(RouteType::Local).scope(RouteScope::Host).build()
 }
 
-fn tolerate_exists(res: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
+pub(crate) fn tolerate_exists(res: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
     match res {
         Err(rtnetlink::Error::NetlinkError(msg))
             if msg.code.is_some_and(|c| {

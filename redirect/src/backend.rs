@@ -6,6 +6,7 @@ use std::fmt;
 
 use netns::Netns;
 
+use crate::ambient::{self, AmbientPlan};
 use crate::apply::{self, ApplyError, IptablesBackend};
 use crate::nft::{self, NftError};
 use crate::sidecar::Plan;
@@ -54,6 +55,23 @@ impl Backend {
         match self {
             Backend::Iptables(b) => Ok(apply::apply(netns, plan, b)?),
             Backend::Nftables => Ok(nft::apply(netns, plan)?),
+        }
+    }
+
+    /// Programs the ambient in-pod `plan` into `netns` (per family for iptables, one transaction for
+    /// nftables), with its connmark routing. Idempotent.
+    pub fn apply_ambient(self, netns: &Netns, plan: &AmbientPlan) -> Result<(), BackendError> {
+        match self {
+            Backend::Iptables(b) => Ok(ambient::apply_iptables(netns, plan, b)?),
+            Backend::Nftables => Ok(ambient::apply_nftables(netns, plan)?),
+        }
+    }
+
+    /// Removes the ambient in-pod rules and routing this backend programs from `netns`, and nothing else.
+    pub fn remove_ambient(self, netns: &Netns) -> Result<(), BackendError> {
+        match self {
+            Backend::Iptables(b) => Ok(ambient::remove_iptables(netns, b)?),
+            Backend::Nftables => Ok(ambient::remove_nftables(netns)?),
         }
     }
 

@@ -117,6 +117,17 @@ fn push_match(words: &mut Vec<String>, m: &Match) {
                 words.push("--transparent".into());
             }
         }
+        Match::ProtocolModule(p) => push_all(words, &["-m", p.name()]),
+        Match::SourceHost { addr, negate } => {
+            not(words, *negate);
+            push_all(words, &["-s", &format_addr(addr)]);
+        }
+        Match::DestinationHost { addr, negate } => {
+            not(words, *negate);
+            push_all(words, &["-d", &format_addr(addr)]);
+        }
+        Match::NotOutInterface(name) => push_all(words, &["!", "-o", name]),
+        Match::DestinationInSet(set) => push_all(words, &["-m", "set", "--match-set", set, "dst"]),
     }
 }
 
@@ -142,6 +153,13 @@ fn push_target(words: &mut Vec<String>, t: &Target) {
         Target::RestoreConnmark => push_all(words, &["CONNMARK", "--restore-mark"]),
         Target::CtZone(zone) => push_all(words, &["CT", "--zone", &zone.to_string()]),
         Target::Snat(addr) => push_all(words, &["SNAT", "--to-source", &format_addr(addr)]),
+        Target::SetConnmark { value, mask } => {
+            push_all(words, &["CONNMARK", "--set-xmark", &format!("{value:#x}/{mask:#x}")])
+        }
+        Target::RestoreConnmarkMasked { nfmask, ctmask } => push_all(
+            words,
+            &["CONNMARK", "--restore-mark", "--nfmask", &format!("{nfmask:#x}"), "--ctmask", &format!("{ctmask:#x}")],
+        ),
     }
 }
 

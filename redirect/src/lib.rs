@@ -1,7 +1,9 @@
 //! Redirect rules for Istio's data plane: a typed rule model ([`model`]), the sidecar rule generator
 //! ([`sidecar`]), the iptables-restore renderer ([`iptables`]), the step that programs a pod netns with iptables
-//! ([`apply`]) and the native nftables backend ([`nft`]).
+//! ([`apply`]) and the native nftables backend ([`nft`]); Istio's ambient in-pod rules ([`ambient`]) and the
+//! host-netns probe SNAT ([`hostprobe`]).
 
+pub mod ambient;
 pub mod apply;
 pub mod backend;
 pub mod iptables;

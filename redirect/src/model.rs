@@ -219,6 +219,27 @@ pub enum Match {
         /// Only sockets with IP_TRANSPARENT.
         transparent: bool,
     },
+    /// Loads the match module of the protocol matched before (`-m tcp`, `-m udp`). No condition of its own:
+    /// Istio spells it, and port options after it belong to it.
+    ProtocolModule(Protocol),
+    /// Source is one host, written without a prefix length (`[!] -s addr`).
+    SourceHost {
+        /// The host.
+        addr: IpAddr,
+        /// Match every other source.
+        negate: bool,
+    },
+    /// Destination is one host, written without a prefix length (`[!] -d addr`).
+    DestinationHost {
+        /// The host.
+        addr: IpAddr,
+        /// Match every other destination.
+        negate: bool,
+    },
+    /// Outgoing interface is not `name` (`! -o name`).
+    NotOutInterface(String),
+    /// Destination address is in the named set (`-m set --match-set NAME dst`; nftables `daddr @NAME`).
+    DestinationInSet(String),
 }
 
 /// How the REDIRECT port option is spelled. Both mean the same; Istio uses both forms and the goldens pin them.
@@ -267,6 +288,21 @@ pub enum Target {
     CtZone(u16),
     /// Source NAT to an address (nat POSTROUTING).
     Snat(IpAddr),
+    /// Replace the masked bits of the connection mark (`CONNMARK --set-xmark value/mask`).
+    SetConnmark {
+        /// New value of the masked bits.
+        value: u32,
+        /// Bits replaced.
+        mask: u32,
+    },
+    /// Copy the connection mark into the packet mark through masks
+    /// (`CONNMARK --restore-mark --nfmask N --ctmask C`).
+    RestoreConnmarkMasked {
+        /// Packet-mark bits kept (`--nfmask`).
+        nfmask: u32,
+        /// Connection-mark bits copied (`--ctmask`).
+        ctmask: u32,
+    },
 }
 
 /// One rule: where it goes, what it matches and what it does.

@@ -73,6 +73,12 @@ impl Writer {
         self.put(ty, &data);
     }
 
+    /// Appends already encoded bytes (tests build nested structures from parts).
+    #[cfg(test)]
+    pub(super) fn put_raw(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
     /// A nested attribute whose content `body` writes.
     pub(super) fn nest(&mut self, ty: u16, body: impl FnOnce(&mut Self)) {
         let start = self.buf.len();

@@ -45,6 +45,8 @@ const NFTA_TPROXY_REG_PORT: u16 = 3;
 const NFTA_NAT_TYPE: u16 = 1;
 const NFTA_NAT_FAMILY: u16 = 2;
 const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
+const NFTA_LOOKUP_SET: u16 = 1;
+const NFTA_LOOKUP_SREG: u16 = 2;
 
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
@@ -76,9 +78,11 @@ const IFNAMSIZ: usize = 16;
 /// The kernel's name of the expression module `stmt` needs beyond the core ones, for error messages.
 pub(super) fn feature(stmt: &Stmt) -> Option<&'static str> {
     Some(match stmt {
-        Stmt::CtMark { .. } | Stmt::CtState { .. } | Stmt::SaveMarkToCt | Stmt::RestoreMarkFromCt => {
-            "conntrack expression (nft_ct)"
-        }
+        Stmt::CtMark { .. }
+        | Stmt::CtState { .. }
+        | Stmt::SaveMarkToCt
+        | Stmt::RestoreMarkFromCt
+        | Stmt::SetCtMarkMasked { .. } => "conntrack expression (nft_ct)",
         Stmt::SetCtZone(_) => "conntrack zones (nft_ct, CONFIG_NF_CONNTRACK_ZONES)",
         Stmt::Redirect(_) => "redirect expression (nft_redir)",
         Stmt::Tproxy { .. } => "tproxy expression (nft_tproxy)",
@@ -99,6 +103,25 @@ fn stmt(w: &mut Writer, s: &Stmt) -> Result<(), NftError> {
     match s {
         Stmt::Iifname(n) => ifname(w, NFT_META_IIFNAME, n),
         Stmt::Oifname(n) => ifname(w, NFT_META_OIFNAME, n),
+        Stmt::NotOifname(n) => {
+            meta_load(w, NFT_META_OIFNAME);
+            cmp(w, NFT_CMP_NEQ, &ifname_bytes(n));
+        }
+        Stmt::AddrInSet { field, family, set } => {
+            let (nfproto, offset, len) = match (family, field) {
+                (Family::V4, AddrField::Saddr) => (NFPROTO_IPV4, 12, 4),
+                (Family::V4, AddrField::Daddr) => (NFPROTO_IPV4, 16, 4),
+                (Family::V6, AddrField::Saddr) => (NFPROTO_IPV6, 8, 16),
+                (Family::V6, AddrField::Daddr) => (NFPROTO_IPV6, 24, 16),
+            };
+            meta_load(w, NFT_META_NFPROTO);
+            cmp(w, NFT_CMP_EQ, &[nfproto]);
+            payload(w, NFT_PAYLOAD_NETWORK_HEADER, offset, len);
+            expr(w, "lookup", |w| {
+                w.string(NFTA_LOOKUP_SET, set);
+                w.be32(NFTA_LOOKUP_SREG, NFT_REG_1);
+            });
+        }
         Stmt::L4proto(p) => {
             meta_load(w, NFT_META_L4PROTO);
             cmp(w, NFT_CMP_EQ, &[proto_number(*p)]);
@@ -169,6 +192,11 @@ fn stmt(w: &mut Writer, s: &Stmt) -> Result<(), NftError> {
                 bitwise(w, &(!mask).to_ne_bytes(), &value.to_ne_bytes());
             }
             meta_set(w, NFT_META_MARK);
+        }
+        Stmt::SetCtMarkMasked { value, mask } => {
+            ct_load(w, NFT_CT_MARK);
+            bitwise(w, &(!mask).to_ne_bytes(), &value.to_ne_bytes());
+            ct_set(w, NFT_CT_MARK);
         }
         Stmt::SaveMarkToCt => {
             meta_load(w, NFT_META_MARK);
@@ -331,12 +359,16 @@ fn verdict(w: &mut Writer, code: u32, chain: Option<&str>) {
     });
 }
 
-fn ifname(w: &mut Writer, key: u32, name: &str) {
+fn ifname_bytes(name: &str) -> [u8; IFNAMSIZ] {
     let mut bytes = [0u8; IFNAMSIZ];
     let n = name.len().min(IFNAMSIZ - 1);
     bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+    bytes
+}
+
+fn ifname(w: &mut Writer, key: u32, name: &str) {
     meta_load(w, key);
-    cmp(w, NFT_CMP_EQ, &bytes);
+    cmp(w, NFT_CMP_EQ, &ifname_bytes(name));
 }
 
 /// `ip[6] saddr|daddr [!=] net`: family check, then the (prefix-shortened or masked) address compare, as nft does.

@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use ipnet::IpNet;
+
 use crate::model::{Family, Match, Op, Protocol, Rule, RuleSet, Table, Target};
 use crate::sidecar::Plan;
 
@@ -313,6 +315,19 @@ fn statements(rule: &Rule, family: Option<Family>) -> Result<Vec<Stmt>, String> 
                 out.push(Stmt::CtMark { value: *value, mask: *mask, negate: *negate })
             }
             Match::Conntrack { states, negate } => out.push(Stmt::CtState { states: states.clone(), negate: *negate }),
+            // Only loads the module; the protocol match before it already constrains the packet.
+            Match::ProtocolModule(_) => {}
+            Match::SourceHost { addr, negate } => {
+                out.push(Stmt::Addr { field: AddrField::Saddr, net: IpNet::from(*addr), negate: *negate })
+            }
+            Match::DestinationHost { addr, negate } => {
+                out.push(Stmt::Addr { field: AddrField::Daddr, net: IpNet::from(*addr), negate: *negate })
+            }
+            Match::NotOutInterface(n) => out.push(Stmt::NotOifname(n.clone())),
+            Match::DestinationInSet(set) => match family {
+                Some(family) => out.push(Stmt::AddrInSet { field: AddrField::Daddr, family, set: set.clone() }),
+                None => return Err(format!("{m:?} in a rule shared by both families")),
+            },
             Match::DestPorts { .. } | Match::SocketExists | Match::Socket { .. } => return Err(format!("{m:?}")),
         }
     }
@@ -335,6 +350,9 @@ fn statements(rule: &Rule, family: Option<Family>) -> Result<Vec<Stmt>, String> 
         Target::RestoreConnmark => Stmt::RestoreMarkFromCt,
         Target::CtZone(z) => Stmt::SetCtZone(*z),
         Target::Snat(a) => Stmt::Snat(*a),
+        Target::SetConnmark { value, mask } => Stmt::SetCtMarkMasked { value: *value, mask: *mask },
+        Target::RestoreConnmarkMasked { nfmask: u32::MAX, ctmask: u32::MAX } => Stmt::RestoreMarkFromCt,
+        Target::RestoreConnmarkMasked { .. } => return Err(format!("{:?}", rule.target)),
     };
     out.push(Stmt::Counter);
     out.push(action);

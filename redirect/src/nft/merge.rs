@@ -77,13 +77,18 @@ fn twins(a: &Rule, b: &Rule) -> bool {
 }
 
 fn is_address(m: &Match) -> bool {
-    matches!(m, Match::Source { .. } | Match::Destination { .. })
+    matches!(
+        m,
+        Match::Source { .. } | Match::Destination { .. } | Match::SourceHost { .. } | Match::DestinationHost { .. }
+    )
 }
 
 fn same_shape(x: &Match, y: &Match) -> bool {
     match (x, y) {
         (Match::Source { negate: a, .. }, Match::Source { negate: b, .. }) => a == b,
         (Match::Destination { negate: a, .. }, Match::Destination { negate: b, .. }) => a == b,
+        (Match::SourceHost { negate: a, .. }, Match::SourceHost { negate: b, .. }) => a == b,
+        (Match::DestinationHost { negate: a, .. }, Match::DestinationHost { negate: b, .. }) => a == b,
         _ => false,
     }
 }

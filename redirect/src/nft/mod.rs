@@ -11,6 +11,7 @@ pub mod layout;
 mod list;
 mod merge;
 mod msg;
+pub mod set;
 mod socket;
 pub mod stmt;
 
@@ -45,6 +46,13 @@ pub fn apply(netns: &Netns, plan: &Plan) -> Result<(), NftError> {
 pub fn remove(netns: &Netns) -> Result<(), NftError> {
     let empty = NftLayout { tables: Vec::new() };
     let batch = msg::replace(FIRST_SEQ, &owned_tables(SIDECAR_PREFIX), &empty)?;
+    netns.run(|| socket::commit(&batch))?
+}
+
+/// Replaces every table named `<prefix>-<table>` in `netns` with the tables of `layout`, in one transaction
+/// (an empty layout removes them). Tables of other names are untouched.
+pub fn replace_tables(netns: &Netns, prefix: &str, layout: &NftLayout) -> Result<(), NftError> {
+    let batch = msg::replace(FIRST_SEQ, &owned_tables(prefix), layout)?;
     netns.run(|| socket::commit(&batch))?
 }
 

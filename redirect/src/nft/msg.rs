@@ -2,7 +2,8 @@
 
 use super::attr::Writer;
 use super::expr::{encode, feature};
-use super::layout::{ChainType, NftLayout, NftTable};
+use super::layout::{ChainType, NftChain, NftLayout, NftTable};
+use super::stmt::Stmt;
 use super::NftError;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -12,6 +13,7 @@ const NFT_MSG_NEWTABLE: u16 = 0;
 const NFT_MSG_DELTABLE: u16 = 2;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_DELRULE: u16 = 8;
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_TABLE_FLAGS: u16 = 2;
 const NFTA_CHAIN_TABLE: u16 = 1;
@@ -31,7 +33,7 @@ const AF_UNSPEC: u8 = 0;
 pub(super) const NLM_F_REQUEST: u16 = 0x1;
 pub(super) const NLM_F_ACK: u16 = 0x4;
 const NLM_F_APPEND: u16 = 0x800;
-const NLM_F_CREATE: u16 = 0x400;
+pub(super) const NLM_F_CREATE: u16 = 0x400;
 
 /// What a message of the batch creates or deletes, so a kernel error can name it.
 #[derive(Debug, Clone)]
@@ -81,52 +83,88 @@ impl Batch {
     }
 
     fn table(&mut self, t: &NftTable) -> Result<(), NftError> {
-        let obj = Object { name: format!("table inet {}", t.name), features: vec!["nf_tables inet family"] };
-        self.add(NFT_MSG_NEWTABLE, NLM_F_CREATE, obj, |w| {
-            w.string(NFTA_TABLE_NAME, &t.name);
-            w.be32(NFTA_TABLE_FLAGS, 0);
-        });
+        self.new_table(&t.name);
         for c in &t.chains {
-            let features = match c.base.map(|b| b.kind) {
-                Some(ChainType::Nat) => vec!["nat chains (nft_chain_nat)"],
-                Some(ChainType::Route) => vec!["route chains (nft_chain_route)"],
-                _ => Vec::new(),
-            };
-            let obj = Object { name: format!("chain inet {} {}", t.name, c.name), features };
-            self.add(NFT_MSG_NEWCHAIN, NLM_F_CREATE, obj, |w| {
-                w.string(NFTA_CHAIN_TABLE, &t.name);
-                w.string(NFTA_CHAIN_NAME, &c.name);
-                if let Some(b) = c.base {
-                    w.nest(NFTA_CHAIN_HOOK, |w| {
-                        w.be32(NFTA_HOOK_HOOKNUM, b.hook.number());
-                        w.be32(NFTA_HOOK_PRIORITY, b.priority as u32);
-                    });
-                    w.be32(NFTA_CHAIN_POLICY, NF_ACCEPT);
-                    w.string(NFTA_CHAIN_TYPE, b.kind.name());
-                }
-            });
+            self.chain(&t.name, c);
         }
         // Rules go in the final order of each chain, so the kernel never needs rule positions.
         for (chain, rules) in t.chain_rules() {
             for (index, rule) in rules.into_iter().enumerate() {
-                let text: Vec<String> = rule.stmts.iter().map(ToString::to_string).collect();
-                let mut features: Vec<&'static str> = rule.stmts.iter().filter_map(feature).collect();
-                features.dedup();
-                let obj = Object {
-                    name: format!("rule {index} of inet {} {} ({})", t.name, chain.name, text.join(" ")),
-                    features,
-                };
-                let mut encoded = Ok(());
-                self.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, obj, |w| {
-                    w.string(NFTA_RULE_TABLE, &t.name);
-                    w.string(NFTA_RULE_CHAIN, &chain.name);
-                    w.nest(NFTA_RULE_EXPRESSIONS, |w| encoded = encode(w, &rule.stmts));
-                });
-                encoded?;
+                self.rule(&t.name, &chain.name, index, &rule.stmts)?;
             }
         }
         Ok(())
     }
+
+    /// `add table inet NAME` (an existing table is kept as it is).
+    pub(super) fn new_table(&mut self, name: &str) {
+        let obj = Object { name: format!("table inet {name}"), features: vec!["nf_tables inet family"] };
+        self.add(NFT_MSG_NEWTABLE, NLM_F_CREATE, obj, |w| {
+            w.string(NFTA_TABLE_NAME, name);
+            w.be32(NFTA_TABLE_FLAGS, 0);
+        });
+    }
+
+    /// `add chain inet TABLE NAME [{ type hook priority }]` (an existing chain with the same hook is kept).
+    pub(super) fn chain(&mut self, table: &str, c: &NftChain) {
+        let features = match c.base.map(|b| b.kind) {
+            Some(ChainType::Nat) => vec!["nat chains (nft_chain_nat)"],
+            Some(ChainType::Route) => vec!["route chains (nft_chain_route)"],
+            _ => Vec::new(),
+        };
+        let obj = Object { name: format!("chain inet {table} {}", c.name), features };
+        self.add(NFT_MSG_NEWCHAIN, NLM_F_CREATE, obj, |w| {
+            w.string(NFTA_CHAIN_TABLE, table);
+            w.string(NFTA_CHAIN_NAME, &c.name);
+            if let Some(b) = c.base {
+                w.nest(NFTA_CHAIN_HOOK, |w| {
+                    w.be32(NFTA_HOOK_HOOKNUM, b.hook.number());
+                    w.be32(NFTA_HOOK_PRIORITY, b.priority as u32);
+                });
+                w.be32(NFTA_CHAIN_POLICY, NF_ACCEPT);
+                w.string(NFTA_CHAIN_TYPE, b.kind.name());
+            }
+        });
+    }
+
+    /// `flush chain inet TABLE CHAIN`: deletes every rule of the chain.
+    pub(super) fn flush_chain(&mut self, table: &str, chain: &str) {
+        let obj = Object { name: format!("flush chain inet {table} {chain}"), features: Vec::new() };
+        self.add(NFT_MSG_DELRULE, 0, obj, |w| {
+            w.string(NFTA_RULE_TABLE, table);
+            w.string(NFTA_RULE_CHAIN, chain);
+        });
+    }
+
+    /// `add rule inet TABLE CHAIN STMTS` at the end of the chain; `index` only names it in errors.
+    pub(super) fn rule(&mut self, table: &str, chain: &str, index: usize, stmts: &[Stmt]) -> Result<(), NftError> {
+        let text: Vec<String> = stmts.iter().map(ToString::to_string).collect();
+        let mut features: Vec<&'static str> = stmts.iter().filter_map(feature).collect();
+        features.dedup();
+        let obj = Object { name: format!("rule {index} of inet {table} {chain} ({})", text.join(" ")), features };
+        let mut encoded = Ok(());
+        self.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, obj, |w| {
+            w.string(NFTA_RULE_TABLE, table);
+            w.string(NFTA_RULE_CHAIN, chain);
+            w.nest(NFTA_RULE_EXPRESSIONS, |w| encoded = encode(w, stmts));
+        });
+        encoded
+    }
+
+    /// Sends one more message of subsystem nf_tables with a custom body (sets and elements).
+    pub(super) fn raw(&mut self, msg: u16, flags: u16, object: Object, body: impl FnOnce(&mut Writer)) {
+        self.add(msg, flags, object, body);
+    }
+}
+
+/// One transaction built by `body` (between batch begin and end).
+pub(super) fn transaction(
+    first_seq: u32,
+    body: impl FnOnce(&mut Batch) -> Result<(), NftError>,
+) -> Result<Batch, NftError> {
+    let mut batch = Batch::new(first_seq);
+    body(&mut batch)?;
+    Ok(batch.finish())
 }
 
 /// One transaction: drop every table in `owned` (existing or not), then create the layout's tables.

@@ -33,6 +33,8 @@ pub enum Stmt {
     Iifname(String),
     /// `oifname NAME`.
     Oifname(String),
+    /// `oifname != NAME`.
+    NotOifname(String),
     /// `meta l4proto tcp|udp`.
     L4proto(Protocol),
     /// `ip|ip6 saddr|daddr [!=] net`; the family comes from the address.
@@ -54,6 +56,15 @@ pub enum Stmt {
         port: u16,
         /// Match every other port.
         negate: bool,
+    },
+    /// `ip|ip6 saddr|daddr @SET`: the address is an element of a named set of the table.
+    AddrInSet {
+        /// Header field.
+        field: AddrField,
+        /// Family of the address (and of the set's key).
+        family: Family,
+        /// Set name.
+        set: String,
     },
     /// `meta skuid [!=] id`.
     SkUid {
@@ -120,6 +131,13 @@ pub enum Stmt {
         /// Bits replaced; all ones replaces the whole mark.
         mask: u32,
     },
+    /// `ct mark set ct mark & ~MASK | VALUE` (CONNMARK --set-xmark VALUE/MASK).
+    SetCtMarkMasked {
+        /// New value of the masked bits.
+        value: u32,
+        /// Bits replaced.
+        mask: u32,
+    },
     /// `ct mark set mark` (CONNMARK --save-mark).
     SaveMarkToCt,
     /// `meta mark set ct mark` (CONNMARK --restore-mark).
@@ -158,6 +176,18 @@ impl fmt::Display for Stmt {
         match self {
             Stmt::Iifname(n) => write!(f, "iifname {n}"),
             Stmt::Oifname(n) => write!(f, "oifname {n}"),
+            Stmt::NotOifname(n) => write!(f, "oifname != {n}"),
+            Stmt::AddrInSet { field, family, set } => {
+                let fam = match family {
+                    Family::V4 => "ip",
+                    Family::V6 => "ip6",
+                };
+                let field = match field {
+                    AddrField::Saddr => "saddr",
+                    AddrField::Daddr => "daddr",
+                };
+                write!(f, "{fam} {field} @{set}")
+            }
             Stmt::L4proto(p) => write!(f, "meta l4proto {}", p.name()),
             Stmt::Addr { field, net, negate } => {
                 let field = match field {
@@ -194,6 +224,7 @@ impl fmt::Display for Stmt {
             },
             Stmt::SetMark { value, mask: u32::MAX } => write!(f, "meta mark set {value}"),
             Stmt::SetMark { value, mask } => write!(f, "meta mark set meta mark and {:#x} xor {value:#x}", !mask),
+            Stmt::SetCtMarkMasked { value, mask } => write!(f, "ct mark set ct mark & {:#x} | {value:#x}", !mask),
             Stmt::SaveMarkToCt => f.write_str("ct mark set mark"),
             Stmt::RestoreMarkFromCt => f.write_str("meta mark set ct mark"),
             Stmt::SetCtZone(z) => write!(f, "ct zone set {z}"),

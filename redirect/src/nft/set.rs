@@ -1,0 +1,269 @@
+//! Named address sets of an `inet` table (`type ipv4_addr` / `ipv6_addr`) whose elements carry a comment, over
+//! netlink: create the sets with a base chain that uses them, add and delete elements, and dump them.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+
+use super::attr::Writer;
+use super::layout::NftChain;
+use super::msg::{transaction, Object, NLM_F_CREATE};
+use super::socket::{commit, open};
+use super::stmt::Stmt;
+use super::NftError;
+use crate::model::Family;
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_GETSETELEM: u16 = 13;
+const NFT_MSG_DELSETELEM: u16 = 14;
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_KEY_TYPE: u16 = 4;
+const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_ID: u16 = 10;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_DATA_VALUE: u16 = 1;
+/// nft's datatype numbers (TYPE_IPADDR, TYPE_IP6ADDR): what `nft list` prints the keys as.
+const TYPE_IPADDR: u32 = 7;
+const TYPE_IP6ADDR: u32 = 8;
+/// libnftnl's element user-data TLV type of a comment (NFTNL_UDATA_SET_ELEM_COMMENT).
+const UDATA_ELEM_COMMENT: u8 = 0;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLMSG_HDRLEN: usize = 16;
+const NFGENMSG_LEN: usize = 4;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const NFPROTO_INET: u8 = 1;
+const FIRST_SEQ: u32 = 1;
+
+/// A named address set of one family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddrSet {
+    /// Set name.
+    pub name: String,
+    /// Family of its addresses.
+    pub family: Family,
+}
+
+/// One element: an address and its comment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    /// The address.
+    pub addr: IpAddr,
+    /// Its comment (Istio: the pod UID), if any.
+    pub comment: Option<String>,
+}
+
+/// In one transaction of the calling thread's netns: creates `table` and `sets` unless they exist (their
+/// elements are kept), creates `chain` unless it exists and replaces its rules with `rules`.
+pub(crate) fn ensure(table: &str, sets: &[AddrSet], chain: &NftChain, rules: &[Vec<Stmt>]) -> Result<(), NftError> {
+    let batch = transaction(FIRST_SEQ, |b| {
+        b.new_table(table);
+        for (i, set) in sets.iter().enumerate() {
+            let (key_type, key_len) = match set.family {
+                Family::V4 => (TYPE_IPADDR, 4),
+                Family::V6 => (TYPE_IP6ADDR, 16),
+            };
+            let obj = Object { name: format!("set inet {table} {}", set.name), features: vec!["nf_tables sets"] };
+            b.raw(NFT_MSG_NEWSET, NLM_F_CREATE, obj, |w| {
+                w.string(NFTA_SET_TABLE, table);
+                w.string(NFTA_SET_NAME, &set.name);
+                w.be32(NFTA_SET_KEY_TYPE, key_type);
+                w.be32(NFTA_SET_KEY_LEN, key_len);
+                w.be32(NFTA_SET_ID, i as u32 + 1);
+            });
+        }
+        b.chain(table, chain);
+        b.flush_chain(table, &chain.name);
+        for (index, stmts) in rules.iter().enumerate() {
+            b.rule(table, &chain.name, index, stmts)?;
+        }
+        Ok(())
+    })?;
+    commit(&batch)
+}
+
+/// In one transaction: deletes `delete` from `set`, then adds `add`. Adding an address that is already an
+/// element keeps the old element (and its comment), so callers delete it in the same transaction to re-own it.
+pub(crate) fn change(table: &str, set: &str, delete: &[Element], add: &[Element]) -> Result<(), NftError> {
+    if delete.is_empty() && add.is_empty() {
+        return Ok(());
+    }
+    let batch = transaction(FIRST_SEQ, |b| {
+        for (list, is_delete) in [(delete, true), (add, false)] {
+            if list.is_empty() {
+                continue;
+            }
+            let (msg, verb, flags) =
+                if is_delete { (NFT_MSG_DELSETELEM, "delete", 0) } else { (NFT_MSG_NEWSETELEM, "add", NLM_F_CREATE) };
+            let addrs: Vec<String> = list.iter().map(|e| e.addr.to_string()).collect();
+            let obj = Object {
+                name: format!("{verb} element inet {table} {set} {{ {} }}", addrs.join(", ")),
+                features: Vec::new(),
+            };
+            b.raw(msg, flags, obj, |w| {
+                w.string(NFTA_SET_ELEM_LIST_TABLE, table);
+                w.string(NFTA_SET_ELEM_LIST_SET, set);
+                w.nest(NFTA_SET_ELEM_LIST_ELEMENTS, |w| {
+                    for e in list {
+                        w.nest(NFTA_LIST_ELEM, |w| element(w, e, is_delete));
+                    }
+                });
+            });
+        }
+        Ok(())
+    })?;
+    commit(&batch)
+}
+
+fn element(w: &mut Writer, e: &Element, delete: bool) {
+    let key = match e.addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    w.nest(NFTA_SET_ELEM_KEY, |w| w.put(NFTA_DATA_VALUE, &key));
+    if let (Some(comment), false) = (&e.comment, delete) {
+        // libnftnl user data: type, length, NUL-terminated comment.
+        let mut text = comment.as_bytes()[..comment.len().min(254)].to_vec();
+        text.push(0);
+        let mut udata = vec![UDATA_ELEM_COMMENT, text.len() as u8];
+        udata.extend_from_slice(&text);
+        w.put(NFTA_SET_ELEM_USERDATA, &udata);
+    }
+}
+
+/// Every element of `set` in `table` of the calling thread's netns; `Ok(None)` if the set does not exist.
+pub(crate) fn elements(table: &str, set: &str) -> Result<Option<Vec<Element>>, NftError> {
+    let fd = open()?;
+    let mut w = Writer::default();
+    w.message((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM, NLM_F_REQUEST | NLM_F_DUMP, 1, NFPROTO_INET, 0, |w| {
+        w.string(NFTA_SET_ELEM_LIST_TABLE, table);
+        w.string(NFTA_SET_ELEM_LIST_SET, set);
+    });
+    let bytes = w.bytes();
+    // SAFETY: `bytes` is a valid buffer of the given length.
+    if unsafe { libc::send(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) } < 0 {
+        return Err(NftError::Socket { what: "send set element dump request", source: io::Error::last_os_error() });
+    }
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(NftError::Socket { what: "receive set element dump", source: io::Error::last_os_error() });
+        }
+        let mut data = &buf[..n as usize];
+        while data.len() >= NLMSG_HDRLEN {
+            let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
+            let ty = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
+            if len < NLMSG_HDRLEN || len > data.len() {
+                break;
+            }
+            match ty {
+                NLMSG_DONE => return Ok(Some(out)),
+                NLMSG_ERROR => {
+                    let code = -i32::from_ne_bytes(data[16..20].try_into().expect("4 bytes"));
+                    if code == 0 {
+                        return Ok(Some(out));
+                    }
+                    if code == libc::ENOENT {
+                        return Ok(None);
+                    }
+                    let source = io::Error::from_raw_os_error(code);
+                    return Err(NftError::Rejected { object: format!("dump of set inet {table} {set}"), source });
+                }
+                _ if len >= NLMSG_HDRLEN + NFGENMSG_LEN => {
+                    parse_elements(&data[NLMSG_HDRLEN + NFGENMSG_LEN..len], &mut out);
+                }
+                _ => {}
+            }
+            data = &data[(len + 3) & !3..];
+        }
+    }
+}
+
+/// Iterates the netlink attributes of `data` as (type without flags, payload).
+fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if data.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
+        let ty = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > data.len() {
+            return None;
+        }
+        let payload = &data[4..len];
+        data = &data[((len + 3) & !3).min(data.len())..];
+        Some((ty, payload))
+    })
+}
+
+fn parse_elements(msg: &[u8], out: &mut Vec<Element>) {
+    for (_, list) in attrs(msg).filter(|(t, _)| *t == NFTA_SET_ELEM_LIST_ELEMENTS) {
+        for (_, elem) in attrs(list).filter(|(t, _)| *t == NFTA_LIST_ELEM) {
+            let mut addr = None;
+            let mut comment = None;
+            for (ty, value) in attrs(elem) {
+                match ty {
+                    NFTA_SET_ELEM_KEY => {
+                        addr = attrs(value).find(|(t, _)| *t == NFTA_DATA_VALUE).and_then(|(_, v)| ip(v));
+                    }
+                    NFTA_SET_ELEM_USERDATA => comment = udata_comment(value),
+                    _ => {}
+                }
+            }
+            if let Some(addr) = addr {
+                out.push(Element { addr, comment });
+            }
+        }
+    }
+}
+
+fn ip(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}
+
+fn udata_comment(mut data: &[u8]) -> Option<String> {
+    while data.len() >= 2 {
+        let (ty, len) = (data[0], usize::from(data[1]));
+        let value = data.get(2..2 + len)?;
+        if ty == UDATA_ELEM_COMMENT {
+            let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
+            return Some(String::from_utf8_lossy(&value[..end]).into_owned());
+        }
+        data = &data[2 + len..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comment_user_data_round_trips() {
+        let mut w = Writer::default();
+        let e = Element { addr: "10.1.2.3".parse().unwrap(), comment: Some("uid-1".into()) };
+        w.nest(NFTA_LIST_ELEM, |w| element(w, &e, false));
+        let mut msg = Writer::default();
+        msg.nest(NFTA_SET_ELEM_LIST_ELEMENTS, |m| m.put_raw(w.bytes()));
+        let mut out = Vec::new();
+        parse_elements(msg.bytes(), &mut out);
+        assert_eq!(out, vec![e]);
+    }
+}
