@@ -148,16 +148,17 @@ fn family_rules(cfg: &InpodConfig, family: Family, probe_src: IpAddr, loopback: 
 
     let lo: IpNet = loopback.parse().expect("loopback cidr");
     let not_lo = || Match::Destination { net: lo, negate: true };
-    let mut r: Vec<(Table, Rule)> = Vec::new();
-
     // Jumps from the built-in chains.
-    r.push((Table::Mangle, Rule::append("PREROUTING", vec![], Target::Jump(PRERT.into()))));
-    r.push((Table::Mangle, Rule::append("OUTPUT", vec![], Target::Jump(OUTPUT.into()))));
-    r.push((Table::Nat, Rule::append("OUTPUT", vec![], Target::Jump(OUTPUT.into()))));
-    r.push((Table::Nat, Rule::append("PREROUTING", vec![], Target::Jump(PRERT.into()))));
+    let jump = |chain: &str, to: &str| Rule::append(chain, vec![], Target::Jump(to.into()));
+    let mut r: Vec<(Table, Rule)> = vec![
+        (Table::Mangle, jump("PREROUTING", PRERT)),
+        (Table::Mangle, jump("OUTPUT", OUTPUT)),
+        (Table::Nat, jump("OUTPUT", OUTPUT)),
+        (Table::Nat, jump("PREROUTING", PRERT)),
+    ];
     if cfg.dns_capture {
-        r.push((Table::Raw, Rule::append("PREROUTING", vec![], Target::Jump(PRERT.into()))));
-        r.push((Table::Raw, Rule::append("OUTPUT", vec![], Target::Jump(OUTPUT.into()))));
+        r.push((Table::Raw, jump("PREROUTING", PRERT)));
+        r.push((Table::Raw, jump("OUTPUT", OUTPUT)));
     }
 
     // Virtual interfaces: their inbound TCP goes to the outbound port, and skips the rest of the chain.

@@ -6,6 +6,7 @@
 pub mod ambient;
 pub mod apply;
 pub mod backend;
+pub mod hostprobe;
 pub mod iptables;
 pub mod model;
 pub mod nft;

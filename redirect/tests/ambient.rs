@@ -1,12 +1,15 @@
 //! Ambient in-pod rules and host-probe SNAT: Istio's iptables payloads text for text, Istio's nftables
 //! transactions by kernel effect, and the three backends programming real netns (idempotent, exact removal).
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use redirect::ambient::{self, build, AmbientPlan, InpodConfig};
 use redirect::apply::IptablesBackend;
 use redirect::backend::Backend;
+use redirect::hostprobe::{self, HostProbe, HostProbeConfig, ProbeEntry};
 use redirect::iptables::render;
+use redirect::model::Family;
 use support::{diff, TestNetns};
 
 mod support;
@@ -232,4 +235,136 @@ fn iptables_legacy_programs_twice_and_removes_exactly_ours() {
 #[test]
 fn nftables_programs_twice_and_removes_exactly_ours() {
     program_twice_and_remove(BACKENDS[2]);
+}
+
+// ---- host probe SNAT ----
+
+#[test]
+fn hostprobe_iptables_payloads_equal_istio_goldens() {
+    let cfg = HostProbeConfig::default();
+    let v4 = render(&hostprobe::iptables_rules(&cfg, Family::V4));
+    assert_text("hostprobe", &iptables_golden("hostprobe"), &v4);
+    let v6 = render(&hostprobe::iptables_rules(&HostProbeConfig { enable_ipv6: true, ..cfg.clone() }, Family::V6));
+    assert_text("hostprobe_ipv6", &iptables_golden("hostprobe_ipv6"), &(v4 + &v6));
+}
+
+/// Istio's hostprobe transactions use sets they do not declare; the reference netns gets them first.
+fn check_hostprobe_nft(file: &str, cfg: HostProbeConfig) {
+    let ours = TestNetns::new();
+    let probe = HostProbe::ensure(ours.guard.open().unwrap(), Backend::Nftables, cfg.clone()).expect("ensure");
+    let reference = TestNetns::new();
+    reference.nft(&["add", "table", "inet", "istio-ambient-nat"]);
+    reference.nft(&["add", "set", "inet", "istio-ambient-nat", "istio-inpod-probes-v4", "{ type ipv4_addr ; }"]);
+    if cfg.enable_ipv6 {
+        reference.nft(&["add", "set", "inet", "istio-ambient-nat", "istio-inpod-probes-v6", "{ type ipv6_addr ; }"]);
+    }
+    reference.nft_file(&golden("nftables", file));
+    let (expected, actual) = (reference.ruleset(), ours.ruleset());
+    assert!(expected == actual, "{file}:\n{}\n--- ours:\n{}", diff(&expected, &actual), ours.text());
+    // Ensuring again keeps the rule single and the entries.
+    probe.add("uid-a", &["10.9.0.5".parse().unwrap()]).expect("add");
+    let again = HostProbe::ensure(ours.guard.open().unwrap(), Backend::Nftables, cfg).expect("ensure again");
+    assert_eq!(expected, ours.ruleset(), "{file}: re-ensure");
+    assert_eq!(again.entries().unwrap().len(), 1, "{}", ours.text());
+}
+
+#[test]
+fn hostprobe_nft_equals_istio_goldens() {
+    let cfg = HostProbeConfig { kubelet_uid: 1000, ..Default::default() };
+    check_hostprobe_nft("hostprobe", cfg.clone());
+    let v6 = HostProbeConfig { enable_ipv6: true, snat_v6: TEST_SNAT_V6.parse().unwrap(), ..cfg };
+    check_hostprobe_nft("hostprobe_ipv6", v6);
+}
+
+/// A "host" netns and a "pod" netns joined by a veth: host 10.77.0.1/24, pod 10.77.0.2/24 (default via host).
+struct HostAndPod {
+    host: TestNetns,
+    pod: TestNetns,
+}
+
+const POD_IP: &str = "10.77.0.2";
+
+impl HostAndPod {
+    fn new() -> Self {
+        let (host, pod) = (TestNetns::new(), TestNetns::new());
+        host.guard.exec_ok(&["ip", "link", "add", "hp0", "type", "veth", "peer", "name", "pp0"]);
+        host.guard.exec_ok(&["ip", "link", "set", "pp0", "netns", pod.guard.name()]);
+        host.guard.exec_ok(&["ip", "addr", "add", "10.77.0.1/24", "dev", "hp0"]);
+        host.guard.exec_ok(&["ip", "link", "set", "hp0", "up"]);
+        pod.guard.exec_ok(&["ip", "addr", "add", &format!("{POD_IP}/24"), "dev", "pp0"]);
+        pod.guard.exec_ok(&["ip", "link", "set", "pp0", "up"]);
+        pod.guard.exec_ok(&["ip", "route", "add", "default", "via", "10.77.0.1"]);
+        Self { host, pod }
+    }
+
+    /// Connects from the host to the pod and returns the source the pod saw.
+    fn probe_source(&self, port: u16) -> IpAddr {
+        let listener = self.pod.guard.listen_tcp(port);
+        let target = SocketAddr::new(POD_IP.parse().unwrap(), port);
+        self.host.guard.connect_tcp(target, None).expect("connect from host");
+        listener.accepted().peer.ip()
+    }
+}
+
+fn host_probe_snat(backend: Backend) {
+    let net = HostAndPod::new();
+    let probe = HostProbe::ensure(net.host.guard.open().unwrap(), backend, HostProbeConfig::default())
+        .unwrap_or_else(|e| panic!("{backend}: ensure: {e}"));
+    let pod_ip: IpAddr = POD_IP.parse().unwrap();
+    assert_eq!(net.probe_source(18080), "10.77.0.1".parse::<IpAddr>().unwrap(), "{backend}: not enrolled yet");
+
+    probe.add("pod-uid-1", &[pod_ip]).unwrap_or_else(|e| panic!("{backend}: add: {e}"));
+    assert_eq!(net.probe_source(18081), IpAddr::V4(ambient::PROBE_SNAT_V4), "{backend}: probe source");
+
+    probe.remove("pod-uid-1", &[pod_ip]).unwrap_or_else(|e| panic!("{backend}: remove: {e}"));
+    assert!(probe.entries().unwrap().is_empty(), "{backend}");
+    assert_eq!(net.probe_source(18082), "10.77.0.1".parse::<IpAddr>().unwrap(), "{backend}: after remove");
+    probe.delete().unwrap_or_else(|e| panic!("{backend}: delete: {e}"));
+}
+
+#[test]
+fn host_probe_snat_iptables_nft() {
+    host_probe_snat(BACKENDS[0]);
+}
+
+#[test]
+fn host_probe_snat_iptables_legacy() {
+    host_probe_snat(BACKENDS[1]);
+}
+
+#[test]
+fn host_probe_snat_nftables() {
+    host_probe_snat(BACKENDS[2]);
+}
+
+/// An IP reused by a new pod: removing the old pod's entry keeps the new pod's.
+fn reused_ip_keeps_new_owner(backend: Backend) {
+    let t = TestNetns::new();
+    let cfg = HostProbeConfig { enable_ipv6: true, ..Default::default() };
+    let probe = HostProbe::ensure(t.guard.open().unwrap(), backend, cfg).expect("ensure");
+    let (ip, other, v6): (IpAddr, IpAddr, IpAddr) =
+        ("10.1.0.7".parse().unwrap(), "10.1.0.8".parse().unwrap(), "fd00::7".parse().unwrap());
+    probe.add("old-pod", &[ip, v6]).expect("add old");
+    probe.add("new-pod", &[ip]).expect("add new");
+    probe.add("other-pod", &[other]).expect("add other");
+    probe.add("new-pod", &[ip]).expect("add new twice");
+    probe.remove("old-pod", &[ip, v6]).expect("remove old");
+    let entries = probe.entries().expect("entries");
+    let want = vec![
+        ProbeEntry { ip, pod_uid: Some("new-pod".into()) },
+        ProbeEntry { ip: other, pod_uid: Some("other-pod".into()) },
+    ];
+    assert_eq!(entries, want, "{backend}");
+    probe.remove("new-pod", &[ip]).expect("remove new");
+    assert_eq!(probe.entries().unwrap(), want[1..], "{backend}");
+}
+
+#[test]
+fn reused_ip_keeps_new_owner_ipset() {
+    reused_ip_keeps_new_owner(BACKENDS[0]);
+}
+
+#[test]
+fn reused_ip_keeps_new_owner_nftables() {
+    reused_ip_keeps_new_owner(BACKENDS[2]);
 }

@@ -5,13 +5,13 @@ const NLA_F_NESTED: u16 = 0x8000;
 
 /// A buffer of netlink messages being built.
 #[derive(Default)]
-pub(super) struct Writer {
+pub(crate) struct Writer {
     buf: Vec<u8>,
 }
 
 impl Writer {
     /// The encoded bytes.
-    pub(super) fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.buf
     }
 
@@ -22,7 +22,7 @@ impl Writer {
     }
 
     /// Appends one message: nlmsghdr, nfgenmsg (family, version 0, big-endian `res_id`), then attributes.
-    pub(super) fn message(
+    pub(crate) fn message(
         &mut self,
         ty: u16,
         flags: u16,
@@ -47,7 +47,7 @@ impl Writer {
     }
 
     /// An attribute with raw payload.
-    pub(super) fn put(&mut self, ty: u16, data: &[u8]) {
+    pub(crate) fn put(&mut self, ty: u16, data: &[u8]) {
         let len = (4 + data.len()) as u16;
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&ty.to_ne_bytes());
@@ -56,17 +56,17 @@ impl Writer {
     }
 
     /// A big-endian u32 attribute (nf_tables encodes all its integers this way).
-    pub(super) fn be32(&mut self, ty: u16, v: u32) {
+    pub(crate) fn be32(&mut self, ty: u16, v: u32) {
         self.put(ty, &v.to_be_bytes());
     }
 
     /// A big-endian u64 attribute.
-    pub(super) fn be64(&mut self, ty: u16, v: u64) {
+    pub(crate) fn be64(&mut self, ty: u16, v: u64) {
         self.put(ty, &v.to_be_bytes());
     }
 
     /// A NUL-terminated string attribute.
-    pub(super) fn string(&mut self, ty: u16, s: &str) {
+    pub(crate) fn string(&mut self, ty: u16, s: &str) {
         let mut data = Vec::with_capacity(s.len() + 1);
         data.extend_from_slice(s.as_bytes());
         data.push(0);
@@ -75,12 +75,12 @@ impl Writer {
 
     /// Appends already encoded bytes (tests build nested structures from parts).
     #[cfg(test)]
-    pub(super) fn put_raw(&mut self, bytes: &[u8]) {
+    pub(crate) fn put_raw(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
     }
 
     /// A nested attribute whose content `body` writes.
-    pub(super) fn nest(&mut self, ty: u16, body: impl FnOnce(&mut Self)) {
+    pub(crate) fn nest(&mut self, ty: u16, body: impl FnOnce(&mut Self)) {
         let start = self.buf.len();
         self.buf.extend_from_slice(&[0; 4]);
         body(self);

@@ -4,7 +4,7 @@
 //! [`layout`] translates the typed rules into tables, chains and rule statements; the private modules encode
 //! them as nf_tables netlink messages (`attr`, `expr`, `msg`) and commit them (`socket`).
 
-mod attr;
+pub(crate) mod attr;
 mod error;
 mod expr;
 pub mod layout;
@@ -12,7 +12,7 @@ mod list;
 mod merge;
 mod msg;
 pub mod set;
-mod socket;
+pub(crate) mod socket;
 pub mod stmt;
 
 use netns::Netns;

@@ -28,7 +28,7 @@ fn check(ret: libc::c_int, what: &'static str) -> Result<libc::c_int, NftError> 
 }
 
 /// Opens a netfilter netlink socket in the calling thread's netns (closed on drop).
-pub(super) fn open() -> Result<OwnedFd, NftError> {
+pub(crate) fn open() -> Result<OwnedFd, NftError> {
     // SAFETY: plain socket(2) call; the returned descriptor is owned right away.
     let fd = check(
         unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) },

@@ -1,0 +1,318 @@
+//! Host-probe SNAT: in the HOST netns, locally originated TCP to an enrolled ambient pod gets the source
+//! 169.254.7.127 (v6: the v6 probe address). Pods accept that source without redirection, so kubelet probes
+//! keep working once the pod's traffic goes through the node proxy.
+//!
+//! Enrolled pod IPs live in a set named as Istio names it (`istio-inpod-probes-v4` / `-v6`), each entry
+//! commented with the pod UID: an ipset plus a nat POSTROUTING rule for iptables, a named set in the
+//! `istio-ambient-nat` table for nftables. Entries are matched by IP *and* UID, so when an IP is reused by a new
+//! pod, removing the old pod does not remove the new pod's entry.
+
+mod ipset;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+
+use netns::{Netns, NetnsError};
+
+pub use ipset::IpsetError;
+
+use crate::ambient::restore;
+use crate::ambient::{PROBE_SNAT_V4, PROBE_SNAT_V6};
+use crate::apply::ApplyError;
+use crate::backend::Backend;
+use crate::model::{Family, Match, Protocol, Rule, RuleSet, Table, Target};
+use crate::nft::layout::{BaseChain, Hook, NftChain};
+use crate::nft::set::{self, AddrSet, Element};
+use crate::nft::stmt::{AddrField, Stmt};
+use crate::nft::NftError;
+
+/// Set name prefix Istio uses (`-v4` / `-v6` appended).
+pub const SET_PREFIX: &str = "istio-inpod-probes";
+/// The iptables nat chain jumped to from POSTROUTING.
+pub const CHAIN: &str = "ISTIO_POSTRT";
+/// The nftables table holding the sets and the postrouting chain.
+pub const NFT_TABLE: &str = "istio-ambient-nat";
+
+/// Name of the set of `family`.
+pub fn set_name(family: Family) -> String {
+    match family {
+        Family::V4 => format!("{SET_PREFIX}-v4"),
+        Family::V6 => format!("{SET_PREFIX}-v6"),
+    }
+}
+
+/// Settings of the host-probe rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostProbeConfig {
+    /// IPv4 SNAT source.
+    pub snat_v4: Ipv4Addr,
+    /// IPv6 SNAT source.
+    pub snat_v6: Ipv6Addr,
+    /// Also handle IPv6 pod addresses.
+    pub enable_ipv6: bool,
+    /// nftables only: the kubelet's uid; Istio's nftables rule matches probe sockets by owner
+    /// (`meta skuid`), while its iptables rule matches any local socket (`-m owner --socket-exists`).
+    pub kubelet_uid: u32,
+}
+
+impl Default for HostProbeConfig {
+    /// Istio's defaults with kubelet running as root.
+    fn default() -> Self {
+        Self { snat_v4: PROBE_SNAT_V4, snat_v6: PROBE_SNAT_V6, enable_ipv6: false, kubelet_uid: 0 }
+    }
+}
+
+impl HostProbeConfig {
+    fn families(&self) -> Vec<Family> {
+        if self.enable_ipv6 {
+            vec![Family::V4, Family::V6]
+        } else {
+            vec![Family::V4]
+        }
+    }
+
+    fn snat(&self, family: Family) -> IpAddr {
+        match family {
+            Family::V4 => IpAddr::V4(self.snat_v4),
+            Family::V6 => IpAddr::V6(self.snat_v6),
+        }
+    }
+}
+
+/// The iptables rules of `family` (Istio's hostprobe payload): `-I POSTROUTING 1 -j ISTIO_POSTRT` and the SNAT.
+pub fn iptables_rules(cfg: &HostProbeConfig, family: Family) -> RuleSet {
+    let snat = Rule::append(
+        CHAIN,
+        vec![Match::SocketExists, Match::Protocol(Protocol::Tcp), Match::DestinationInSet(set_name(family))],
+        Target::Snat(cfg.snat(family)),
+    );
+    let jump = Rule::insert("POSTROUTING", 1, vec![], Target::Jump(CHAIN.into()));
+    RuleSet::from_rules(family, vec![(Table::Nat, jump), (Table::Nat, snat)])
+}
+
+/// The nftables base chain of the host-probe rules (nat postrouting, priority 100).
+pub fn nft_chain() -> NftChain {
+    NftChain { name: Hook::Postrouting.name().into(), base: Some(BaseChain::istio(Table::Nat, Hook::Postrouting)) }
+}
+
+/// The nftables rules (Istio's hostprobe transaction): `meta l4proto tcp skuid UID ip daddr @SET counter snat`.
+pub fn nft_rules(cfg: &HostProbeConfig) -> Vec<Vec<Stmt>> {
+    cfg.families()
+        .into_iter()
+        .map(|family| {
+            vec![
+                Stmt::L4proto(Protocol::Tcp),
+                Stmt::SkUid { id: crate::model::OwnerId::Id(cfg.kubelet_uid), negate: false },
+                Stmt::AddrInSet { field: AddrField::Daddr, family, set: set_name(family) },
+                Stmt::Counter,
+                Stmt::Snat(cfg.snat(family)),
+            ]
+        })
+        .collect()
+}
+
+/// The kubelet's uid as Istio's nftables mode finds it: the owner of the first process named `kubelet` or
+/// `kubelite` whose command line mentions kubelet, or `k3s`, under `proc` (normally `/proc`).
+pub fn find_kubelet_uid(proc: &Path) -> Option<u32> {
+    let entries = std::fs::read_dir(proc).ok()?;
+    let mut pids: Vec<u32> = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    pids.sort_unstable();
+    for kind in [("kubelet", true), ("kubelite", true), ("k3s", false)] {
+        for pid in &pids {
+            let dir = proc.join(pid.to_string());
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if comm.trim() != kind.0 {
+                continue;
+            }
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            if kind.1 && !String::from_utf8_lossy(&cmdline).to_lowercase().contains("kubelet") {
+                continue;
+            }
+            let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+            let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok());
+            if uid.is_some() {
+                return uid;
+            }
+        }
+    }
+    None
+}
+
+/// Failures of the host-probe rules and sets.
+#[derive(Debug, thiserror::Error)]
+pub enum HostProbeError {
+    /// Entering the host netns failed.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// Programming the iptables rule failed.
+    #[error("host probe iptables rule: {0}")]
+    Iptables(#[from] ApplyError),
+    /// An ipset request failed.
+    #[error("host probe set: {0}")]
+    Ipset(#[from] IpsetError),
+    /// An nftables request failed.
+    #[error("host probe nftables: {0}")]
+    Nftables(#[from] NftError),
+    /// IPv6 address given while IPv6 is off.
+    #[error("{0} is IPv6 but the host probe rules are IPv4-only")]
+    Ipv6Disabled(IpAddr),
+}
+
+/// One entry of the probe sets: a pod IP and the UID of the pod that owns it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProbeEntry {
+    /// Pod IP.
+    pub ip: IpAddr,
+    /// Pod UID (the entry comment); `None` for an entry someone added without one.
+    pub pod_uid: Option<String>,
+}
+
+/// The host-probe SNAT of one host netns and backend.
+#[derive(Debug)]
+pub struct HostProbe {
+    netns: Netns,
+    backend: Backend,
+    cfg: HostProbeConfig,
+}
+
+impl HostProbe {
+    /// Creates the sets (keeping their entries) and (re)programs the SNAT rule in `netns`. Idempotent.
+    pub fn ensure(netns: Netns, backend: Backend, cfg: HostProbeConfig) -> Result<Self, HostProbeError> {
+        let families = cfg.families();
+        netns.run(|| -> Result<(), HostProbeError> {
+            match backend {
+                Backend::Iptables(b) => {
+                    for &family in &families {
+                        ipset::create(&set_name(family), family)?;
+                        restore::program(b, family, Some(&iptables_rules(&cfg, family)), &[(Table::Nat, &[CHAIN])])?;
+                    }
+                }
+                Backend::Nftables => {
+                    let sets: Vec<AddrSet> =
+                        families.iter().map(|&family| AddrSet { name: set_name(family), family }).collect();
+                    set::ensure(NFT_TABLE, &sets, &nft_chain(), &nft_rules(&cfg))?;
+                }
+            }
+            Ok(())
+        })??;
+        Ok(Self { netns, backend, cfg })
+    }
+
+    /// Removes the rule and the sets from the host netns (iptables: our chain and jump, and the ipsets;
+    /// nftables: the `istio-ambient-nat` table).
+    pub fn delete(self) -> Result<(), HostProbeError> {
+        let (backend, families) = (self.backend, self.cfg.families());
+        self.netns.run(|| -> Result<(), HostProbeError> {
+            match backend {
+                Backend::Iptables(b) => {
+                    for &family in &families {
+                        restore::program(b, family, None, &[(Table::Nat, &[CHAIN])])?;
+                        ipset::destroy(&set_name(family))?;
+                    }
+                }
+                Backend::Nftables => {
+                    let empty = crate::nft::layout::NftLayout { tables: Vec::new() };
+                    crate::nft::replace_tables(&Netns::current()?, "istio-ambient", &empty)?;
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    fn family_of(&self, ip: IpAddr) -> Result<Family, HostProbeError> {
+        match ip {
+            IpAddr::V4(_) => Ok(Family::V4),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(_) => Ok(Family::V4),
+                None if self.cfg.enable_ipv6 => Ok(Family::V6),
+                None => Err(HostProbeError::Ipv6Disabled(ip)),
+            },
+        }
+    }
+
+    /// Adds `ips` of pod `pod_uid`. An IP another pod had is taken over (its entry now names `pod_uid`).
+    pub fn add(&self, pod_uid: &str, ips: &[IpAddr]) -> Result<(), HostProbeError> {
+        let ips: Vec<(IpAddr, Family)> = ips
+            .iter()
+            .map(|ip| Ok((ip.to_canonical(), self.family_of(*ip)?)))
+            .collect::<Result<_, HostProbeError>>()?;
+        let backend = self.backend;
+        self.netns.run(|| -> Result<(), HostProbeError> {
+            for family in self.cfg.families() {
+                let mine: Vec<IpAddr> = ips.iter().filter(|(_, f)| *f == family).map(|(ip, _)| *ip).collect();
+                if mine.is_empty() {
+                    continue;
+                }
+                let name = set_name(family);
+                match backend {
+                    Backend::Iptables(_) => {
+                        for ip in &mine {
+                            ipset::add(&name, *ip, pod_uid)?;
+                        }
+                    }
+                    Backend::Nftables => {
+                        let current = set::elements(NFT_TABLE, &name)?.unwrap_or_default();
+                        let stale: Vec<Element> = current
+                            .into_iter()
+                            .filter(|e| mine.contains(&e.addr) && e.comment.as_deref() != Some(pod_uid))
+                            .collect();
+                        let new: Vec<Element> =
+                            mine.iter().map(|ip| Element { addr: *ip, comment: Some(pod_uid.to_string()) }).collect();
+                        set::change(NFT_TABLE, &name, &stale, &new)?;
+                    }
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// Removes the entries of `ips` that belong to pod `pod_uid`; an entry of the same IP owned by another pod
+    /// (the IP was reused) stays.
+    pub fn remove(&self, pod_uid: &str, ips: &[IpAddr]) -> Result<(), HostProbeError> {
+        let ips: Vec<IpAddr> = ips.iter().map(|ip| ip.to_canonical()).collect();
+        let theirs: Vec<ProbeEntry> = self
+            .entries()?
+            .into_iter()
+            .filter(|e| ips.contains(&e.ip) && e.pod_uid.as_deref() == Some(pod_uid))
+            .collect();
+        let backend = self.backend;
+        self.netns.run(|| -> Result<(), HostProbeError> {
+            for e in &theirs {
+                let name = set_name(if e.ip.is_ipv4() { Family::V4 } else { Family::V6 });
+                match backend {
+                    Backend::Iptables(_) => ipset::del(&name, e.ip)?,
+                    Backend::Nftables => {
+                        let elem = Element { addr: e.ip, comment: None };
+                        set::change(NFT_TABLE, &name, &[elem], &[])?
+                    }
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// Every entry of the probe sets, sorted.
+    pub fn entries(&self) -> Result<Vec<ProbeEntry>, HostProbeError> {
+        let backend = self.backend;
+        let mut out = self.netns.run(|| -> Result<Vec<ProbeEntry>, HostProbeError> {
+            let mut out = Vec::new();
+            for family in self.cfg.families() {
+                let name = set_name(family);
+                match backend {
+                    Backend::Iptables(_) => {
+                        out.extend(ipset::list(&name)?.into_iter().map(|(ip, pod_uid)| ProbeEntry { ip, pod_uid }))
+                    }
+                    Backend::Nftables => out.extend(
+                        set::elements(NFT_TABLE, &name)?
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|e| ProbeEntry { ip: e.addr, pod_uid: e.comment }),
+                    ),
+                }
+            }
+            Ok(out)
+        })??;
+        out.sort();
+        Ok(out)
+    }
+}
