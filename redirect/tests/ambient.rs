@@ -355,6 +355,10 @@ fn reused_ip_keeps_new_owner(backend: Backend) {
         ProbeEntry { ip: other, pod_uid: Some("other-pod".into()) },
     ];
     assert_eq!(entries, want, "{backend}");
+    if backend == Backend::Nftables {
+        let text = t.text();
+        assert!(text.contains("10.1.0.7 comment \"new-pod\""), "nft shows the UID as the comment:\n{text}");
+    }
     probe.remove("new-pod", &[ip]).expect("remove new");
     assert_eq!(probe.entries().unwrap(), want[1..], "{backend}");
 }
