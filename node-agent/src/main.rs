@@ -1,1 +1,106 @@
-fn main() {}
+//! `node-agent`: enrolls ambient pods on this node and streams their network namespaces to the node proxy.
+
+mod cache;
+mod config;
+mod enroll;
+mod event_server;
+mod metrics;
+mod watch;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use daemon::drain::{Drain, DrainMode};
+use daemon::probes::{self, ProbeState};
+use prometheus_client::registry::Registry;
+use redirect::backend::Backend;
+use redirect::hostprobe::{find_kubelet_uid, HostProbe, HostProbeConfig};
+use zds::server::{ServerConfig, ZdsServer};
+
+use crate::cache::PodCache;
+use crate::config::Config;
+use crate::enroll::Enroller;
+use crate::metrics::Metrics;
+
+fn main() {
+    let config = Config::parse();
+    if let Err(e) = config.validate() {
+        eprintln!("node-agent: invalid configuration: {e}");
+        std::process::exit(2);
+    }
+    daemon::logging::init(&config.log_level, config.log_json);
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    if let Err(e) = runtime.block_on(run(config)) {
+        tracing::error!("node-agent failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    tracing::info!(config = ?config, "starting");
+    let shutdown = daemon::signals::shutdown_signal()?;
+    let selectors = config.selectors().context("AMBIENT_ENABLEMENT_SELECTOR")?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let probe = ProbeState::new(Arc::new(Mutex::new(registry)));
+    let (drain_trigger, drain) = Drain::new();
+    for port in [config.readiness_port, config.monitoring_port] {
+        let listener = probes::bind(SocketAddr::new(config.listen_address, port)).await?;
+        tokio::spawn(probes::serve(listener, probe.clone(), drain.clone()));
+    }
+
+    let backend = Backend::select(config.native_nftables, config.force_iptables_binary.as_deref())?;
+    tracing::info!(%backend, "in-pod rules backend");
+    let probe_config = HostProbeConfig {
+        enable_ipv6: config.ambient_ipv6,
+        kubelet_uid: find_kubelet_uid(&config.host_proc).unwrap_or(0),
+        ..HostProbeConfig::default()
+    };
+    let hostprobe =
+        HostProbe::ensure(netns::Netns::current()?, backend, probe_config).context("host probe SNAT rules")?;
+    let client = kube::Client::try_default().await.context("Kubernetes client")?;
+    let zds = ZdsServer::bind(&config.ztunnel_uds_address, ServerConfig::default())
+        .await
+        .with_context(|| format!("ZDS socket {}", config.ztunnel_uds_address.display()))?;
+    let cache = PodCache::default();
+    let enroller =
+        Enroller::new(config.clone(), backend, client.clone(), zds.handle(), cache.clone(), hostprobe, metrics.clone());
+
+    // Caches first, then the pods enrolled before a restart, and only then the proxy and the plugin.
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(watch::run(client.clone(), config.clone(), selectors, enroller.clone(), metrics.clone(), synced_tx));
+    synced_rx.await.context("pod watcher ended before syncing")?;
+
+    let zds_handle = zds.handle();
+    let zds_drain = drain.clone();
+    tokio::spawn(zds.serve(Arc::new(cache), async move {
+        zds_drain.signaled().await;
+    }));
+    let (listener, socket) = event_server::bind(&config.cni_agent_run_dir).context("plugin event socket")?;
+    tracing::info!(socket = %socket.display(), "serving plugin events");
+    tokio::spawn(event_server::serve(listener, enroller, client, metrics.clone(), drain.clone()));
+    drop(drain);
+    probe.set_ready();
+
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            sig = &mut shutdown => {
+                tracing::info!(signal = ?sig, "shutting down; in-pod rules stay in place");
+                break;
+            }
+            _ = tick.tick() => {
+                metrics.ztunnel_connected.set(zds_handle.connected() as i64);
+            }
+        }
+    }
+    probe.set_not_ready("shutting down");
+    drain_trigger.start(DrainMode::Graceful);
+    let _ = tokio::time::timeout(Duration::from_secs(5), drain_trigger.drained()).await;
+    Ok(())
+}

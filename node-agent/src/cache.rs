@@ -1,0 +1,64 @@
+//! The pods this agent has enrolled: what a reconnecting proxy receives as its snapshot, and what removal
+//! needs (IPs for the host probe set, the netns to clean).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use zds::messages::WorkloadInfo;
+use zds::server::{PodSnapshotEntry, SnapshotSource};
+
+/// One enrolled pod.
+#[derive(Debug, Clone)]
+pub struct Enrolled {
+    /// Pod UID (the cache key).
+    pub uid: String,
+    /// Name, namespace and service account, as the proxy needs them.
+    pub info: WorkloadInfo,
+    /// The pod's IPs (host probe set entries).
+    pub ips: Vec<IpAddr>,
+    /// The pod's netns; `None` when it could not be found again after a restart.
+    pub netns: Option<Arc<OwnedFd>>,
+}
+
+/// Shared, cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct PodCache {
+    pods: Arc<Mutex<BTreeMap<String, Enrolled>>>,
+}
+
+impl PodCache {
+    /// Adds or replaces a pod.
+    pub fn insert(&self, pod: Enrolled) {
+        self.lock().insert(pod.uid.clone(), pod);
+    }
+
+    /// Removes a pod, returning what was known about it.
+    pub fn remove(&self, uid: &str) -> Option<Enrolled> {
+        self.lock().remove(uid)
+    }
+
+    /// Looks a pod up.
+    pub fn get(&self, uid: &str) -> Option<Enrolled> {
+        self.lock().get(uid).cloned()
+    }
+
+    /// Number of enrolled pods.
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Enrolled>> {
+        self.pods.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl SnapshotSource for PodCache {
+    fn snapshot(&self) -> Vec<PodSnapshotEntry> {
+        self.lock()
+            .values()
+            .map(|p| PodSnapshotEntry { uid: p.uid.clone(), info: p.info.clone(), netns: p.netns.clone() })
+            .collect()
+    }
+}

@@ -1,0 +1,94 @@
+//! The node agent's configuration: flags with matching env vars, named as Istio's chart sets them.
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser};
+use enablement::Selectors;
+
+/// Every setting of the agent, validated once at startup.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "node-agent", about = "Enrolls ambient pods and hands their network namespaces to the node proxy")]
+pub struct Config {
+    /// This node's name; only pods scheduled here are watched.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Whether ambient enrollment is on at all.
+    #[arg(long, env = "AMBIENT_ENABLED", default_value_t = true, action = ArgAction::Set)]
+    pub ambient_enabled: bool,
+    /// Capture DNS to the proxy's 15053 by default (per pod: `ambient.istio.io/dns-capture`).
+    #[arg(long, env = "AMBIENT_DNS_CAPTURE", default_value_t = true, action = ArgAction::Set)]
+    pub ambient_dns_capture: bool,
+    /// Program IPv6 rules too.
+    #[arg(long, env = "AMBIENT_IPV6", default_value_t = true, action = ArgAction::Set)]
+    pub ambient_ipv6: bool,
+    /// Enablement selectors (YAML list of pod/namespace LabelSelectors); Istio's defaults when empty.
+    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR", default_value = "")]
+    pub ambient_enablement_selector: String,
+    /// Re-program the rules of already enrolled pods at startup.
+    #[arg(long, env = "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", default_value_t = false, action = ArgAction::Set)]
+    pub ambient_reconcile_pod_rules_on_startup: bool,
+    /// The ZDS socket the node proxy connects to.
+    #[arg(long, env = "ZTUNNEL_UDS_ADDRESS", default_value = "/var/run/ztunnel/ztunnel.sock")]
+    pub ztunnel_uds_address: PathBuf,
+    /// Namespaces that are never enrolled (comma separated).
+    #[arg(long, env = "EXCLUDE_NAMESPACES", default_value = "", value_delimiter = ',')]
+    pub exclude_namespaces: Vec<String>,
+    /// Run dir shared with the plugin (pluginevent.sock).
+    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = "/var/run/istio-cni")]
+    pub cni_agent_run_dir: PathBuf,
+    /// Program rules with native nftables instead of iptables.
+    #[arg(long, env = "NATIVE_NFTABLES", default_value_t = false, action = ArgAction::Set)]
+    pub native_nftables: bool,
+    /// Force an iptables flavour (iptables-legacy, iptables-nft).
+    #[arg(long, env = "FORCE_IPTABLES_BINARY")]
+    pub force_iptables_binary: Option<String>,
+    /// Where the host's /proc is mounted (netns discovery of running pods).
+    #[arg(long, env = "HOST_PROC", default_value = "/proc")]
+    pub host_proc: PathBuf,
+    /// Port of /healthz and /readyz.
+    #[arg(long, env = "READINESS_PORT", default_value_t = 8000)]
+    pub readiness_port: u16,
+    /// Port of /metrics.
+    #[arg(long, env = "MONITORING_PORT", default_value_t = 15014)]
+    pub monitoring_port: u16,
+    /// Address the probe and metrics servers bind to.
+    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0")]
+    pub listen_address: std::net::IpAddr,
+    /// Log level or filter.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Emit JSON logs.
+    #[arg(long, env = "LOG_JSON", default_value_t = false, action = ArgAction::Set)]
+    pub log_json: bool,
+}
+
+impl Config {
+    /// Parses the selectors (Istio's defaults when unset) so a typo fails at startup.
+    pub fn selectors(&self) -> Result<Selectors, enablement::SelectorError> {
+        if self.ambient_enablement_selector.trim().is_empty() {
+            Ok(Selectors::default())
+        } else {
+            Selectors::parse(&self.ambient_enablement_selector)
+        }
+    }
+
+    /// Excluded namespaces without empty entries.
+    pub fn excluded(&self) -> Vec<String> {
+        self.exclude_namespaces.iter().filter(|n| !n.is_empty()).cloned().collect()
+    }
+
+    /// Checks what clap cannot; the message names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_name.is_empty() {
+            return Err("NODE_NAME must be set".into());
+        }
+        for (name, path) in
+            [("ZTUNNEL_UDS_ADDRESS", &self.ztunnel_uds_address), ("CNI_AGENT_RUN_DIR", &self.cni_agent_run_dir)]
+        {
+            if !path.is_absolute() {
+                return Err(format!("{name} must be an absolute path, got {}", path.display()));
+            }
+        }
+        self.selectors().map(|_| ()).map_err(|e| format!("AMBIENT_ENABLEMENT_SELECTOR: {e}"))
+    }
+}

@@ -1,0 +1,76 @@
+//! The node agent's Prometheus metrics, registered once.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Label of the plugin request counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseCode {
+    /// HTTP status the agent answered the plugin with.
+    pub response_code: String,
+}
+
+/// Label of the reconcile counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventType {
+    /// `add`, `update`, `delete`.
+    pub r#type: String,
+}
+
+/// Label of the enrollment latency histogram.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Phase {
+    /// `netns`, `rules`, `proxy_ack`, `annotate`.
+    pub phase: String,
+}
+
+/// Everything operators watch on the agent.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// Plugin requests by response code.
+    pub plugin_requests: Family<ResponseCode, Counter>,
+    /// Watch events handled, by type.
+    pub reconcile_events: Family<EventType, Counter>,
+    /// Proxy connections on the ZDS socket.
+    pub ztunnel_connected: Gauge,
+    /// Pods currently enrolled.
+    pub enrolled_pods: Gauge,
+    /// Enrollment latency by phase.
+    pub enrollment_seconds: Family<Phase, Histogram>,
+}
+
+impl Metrics {
+    /// Registers every metric under Istio's names where Istio has them.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            plugin_requests: Family::default(),
+            reconcile_events: Family::default(),
+            ztunnel_connected: Gauge::default(),
+            enrolled_pods: Gauge::default(),
+            enrollment_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14))),
+        };
+        registry.register(
+            "istio_cni_plugin_requests",
+            "CNI plugin requests by response code",
+            m.plugin_requests.clone(),
+        );
+        registry.register("nodeagent_reconcile_events", "Pod and namespace events handled", m.reconcile_events.clone());
+        registry.register("ztunnel_connected", "Node proxy connections on the ZDS socket", m.ztunnel_connected.clone());
+        registry.register("nodeagent_enrolled_pods", "Pods enrolled in ambient on this node", m.enrolled_pods.clone());
+        registry.register(
+            "nodeagent_enrollment_duration_seconds",
+            "Time spent per enrollment phase (netns, rules, proxy_ack, annotate)",
+            m.enrollment_seconds.clone(),
+        );
+        m
+    }
+
+    /// Observes one phase's duration.
+    pub fn phase(&self, phase: &str, started: std::time::Instant) {
+        self.enrollment_seconds.get_or_create(&Phase { phase: phase.into() }).observe(started.elapsed().as_secs_f64());
+    }
+}

@@ -1,0 +1,271 @@
+//! Keeps enrollment in step with the API: pods on this node and all namespaces are watched, and each change
+//! re-decides the affected pods. Running pods are found through `/proc` (the CNI path handles new ones).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+
+use crate::config::Config;
+use crate::enroll::{Enroller, REDIRECTION_ANNOTATION};
+use crate::metrics::{EventType, Metrics};
+use enablement::{should_enroll, PodFacts, Selectors};
+
+/// Longest pause before a failed pod is retried.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+enum Change {
+    Pod(Box<watcher::Event<Pod>>),
+    Namespace(Box<watcher::Event<Namespace>>),
+    Retry(String),
+}
+
+/// Watches and reconciles until the stream ends; `synced` fires once both caches are complete and the pods that
+/// were enrolled before a restart are back in the cache.
+pub async fn run(
+    client: Client,
+    config: Config,
+    selectors: Selectors,
+    enroller: Arc<Enroller>,
+    metrics: Metrics,
+    synced: tokio::sync::oneshot::Sender<()>,
+) {
+    let pods = watcher::watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name)),
+    )
+    .map(|e| e.map(|e| Change::Pod(Box::new(e))));
+    let namespaces = watcher::watcher(Api::<Namespace>::all(client), watcher::Config::default())
+        .map(|e| e.map(|e| Change::Namespace(Box::new(e))));
+    let (retry_tx, retry_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let retries = tokio_stream_from(retry_rx).map(|uid| Ok(Change::Retry(uid)));
+    let mut changes = std::pin::pin!(futures::stream::select(futures::stream::select(pods, namespaces), retries));
+
+    let mut state = State {
+        config,
+        selectors,
+        enroller,
+        metrics,
+        pods: HashMap::new(),
+        namespaces: HashMap::new(),
+        backoff: HashMap::new(),
+        retry_tx,
+    };
+    let mut synced = Some(synced);
+    let (mut pods_synced, mut ns_synced) = (false, false);
+    while let Some(change) = changes.next().await {
+        let change = match change {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "watch error (the watcher retries)");
+                continue;
+            }
+        };
+        match change {
+            Change::Pod(event) => match *event {
+                Event::InitDone => pods_synced = true,
+                Event::Init => {}
+                Event::Apply(p) | Event::InitApply(p) => state.pod_changed(p, synced.is_none()).await,
+                Event::Delete(p) => state.pod_deleted(p).await,
+            },
+            Change::Namespace(event) => match *event {
+                Event::InitDone => ns_synced = true,
+                Event::Init => {}
+                Event::Apply(ns) | Event::InitApply(ns) => state.namespace_changed(ns, synced.is_none()).await,
+                Event::Delete(ns) => {
+                    state.namespaces.remove(ns.metadata.name.as_deref().unwrap_or_default());
+                }
+            },
+            Change::Retry(uid) => state.retry(&uid).await,
+        }
+        if pods_synced && ns_synced {
+            if let Some(tx) = synced.take() {
+                state.startup().await;
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+struct State {
+    config: Config,
+    selectors: Selectors,
+    enroller: Arc<Enroller>,
+    metrics: Metrics,
+    pods: HashMap<String, Pod>,
+    namespaces: HashMap<String, BTreeMap<String, String>>,
+    backoff: HashMap<String, Duration>,
+    retry_tx: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let status = pod.status.as_ref();
+    status
+        .and_then(|s| s.pod_ips.as_ref())
+        .map(|ips| ips.iter().filter_map(|ip| ip.ip.parse().ok()).collect())
+        .or_else(|| status.and_then(|s| s.pod_ip.as_ref()).and_then(|ip| ip.parse().ok()).map(|ip| vec![ip]))
+        .unwrap_or_default()
+}
+
+fn terminal(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+impl State {
+    fn count(&self, kind: &str) {
+        self.metrics.reconcile_events.get_or_create(&EventType { r#type: kind.into() }).inc();
+    }
+
+    fn wanted(&self, pod: &Pod) -> bool {
+        let empty = BTreeMap::new();
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let facts = PodFacts {
+            namespace: ns,
+            labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
+            annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+            host_network: pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false),
+        };
+        !terminal(pod)
+            && pod.metadata.deletion_timestamp.is_none()
+            && should_enroll(
+                &self.selectors,
+                &facts,
+                self.namespaces.get(ns).unwrap_or(&empty),
+                &self.config.excluded(),
+            )
+    }
+
+    async fn pod_changed(&mut self, pod: Pod, live: bool) {
+        self.count("update");
+        let id = uid(&pod);
+        self.pods.insert(id.clone(), pod);
+        if live {
+            self.reconcile(&id).await;
+        }
+    }
+
+    async fn pod_deleted(&mut self, pod: Pod) {
+        self.count("delete");
+        self.pods.remove(&uid(&pod));
+        self.backoff.remove(&uid(&pod));
+        if let Err(e) = self.enroller.remove(&pod, true).await {
+            tracing::warn!(error = %e, "removing deleted pod");
+        }
+    }
+
+    async fn namespace_changed(&mut self, ns: Namespace, live: bool) {
+        self.count("namespace");
+        let name = ns.metadata.name.clone().unwrap_or_default();
+        let labels = ns.metadata.labels.unwrap_or_default();
+        let changed = self.namespaces.insert(name.clone(), labels.clone()).is_none_or(|old| old != labels);
+        if live && changed {
+            let affected: Vec<String> = self
+                .pods
+                .values()
+                .filter(|p| p.metadata.namespace.as_deref() == Some(name.as_str()))
+                .map(uid)
+                .collect();
+            for id in affected {
+                self.reconcile(&id).await;
+            }
+        }
+    }
+
+    async fn retry(&mut self, id: &str) {
+        if self.pods.contains_key(id) {
+            self.reconcile(id).await;
+        }
+    }
+
+    /// Enrolls or removes one pod so that the cache matches the decision.
+    async fn reconcile(&mut self, id: &str) {
+        let Some(pod) = self.pods.get(id).cloned() else { return };
+        let enrolled = self.enroller.cache().get(id).is_some();
+        let result = match (self.wanted(&pod), enrolled) {
+            (true, false) => self.enroll_running(&pod).await,
+            (false, true) => self.enroller.remove(&pod, terminal(&pod)).await.map_err(|e| e.to_string()),
+            _ => Ok(()),
+        };
+        match result {
+            Ok(()) => {
+                self.backoff.remove(id);
+            }
+            Err(e) => {
+                let delay = self.backoff.get(id).map_or(Duration::from_millis(200), |d| (*d * 2).min(MAX_BACKOFF));
+                self.backoff.insert(id.to_string(), delay);
+                tracing::warn!(pod = id, error = %e, retry_in = ?delay, "reconcile failed");
+                let tx = self.retry_tx.clone();
+                let id = id.to_string();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = tx.send(id);
+                });
+            }
+        }
+    }
+
+    /// A running pod (not coming through the CNI path): its netns is found through /proc.
+    async fn enroll_running(&self, pod: &Pod) -> Result<(), String> {
+        let ips = pod_ips(pod);
+        if ips.is_empty() {
+            return Ok(()); // still being created: the plugin hands it over
+        }
+        let netns = self.find_netns(pod, &ips).await?;
+        self.enroller.enroll(pod, netns, ips).await.map_err(|e| e.to_string())
+    }
+
+    async fn find_netns(&self, pod: &Pod, ips: &[IpAddr]) -> Result<netns::Netns, String> {
+        let (proc_dir, id, ips) = (self.config.host_proc.clone(), uid(pod), ips.to_vec());
+        tokio::task::spawn_blocking(move || netns::discover::find_pod_netns(&proc_dir, &id, &ips))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "netns not found through /proc".to_string())
+    }
+
+    /// After a restart: pods annotated as enrolled go back into the cache (their netns found through /proc), with
+    /// their rules re-programmed when `AMBIENT_RECONCILE_POD_RULES_ON_STARTUP` asks for it; then every pod is
+    /// reconciled once.
+    async fn startup(&mut self) {
+        let annotated: Vec<Pod> = self
+            .pods
+            .values()
+            .filter(|p| {
+                p.metadata.annotations.as_ref().and_then(|a| a.get(REDIRECTION_ANNOTATION)).map(String::as_str)
+                    == Some("enabled")
+            })
+            .cloned()
+            .collect();
+        for pod in annotated {
+            let ips = pod_ips(&pod);
+            let netns = self.find_netns(&pod, &ips).await;
+            if let Err(e) = &netns {
+                tracing::warn!(pod = %uid(&pod), error = %e, "enrolled pod's netns not found; the proxy gets Keep");
+            }
+            let reprogram = self.config.ambient_reconcile_pod_rules_on_startup;
+            if let Err(e) = self.enroller.restore(&pod, netns.ok(), ips, reprogram).await {
+                tracing::warn!(pod = %uid(&pod), error = %e, "restoring enrolled pod");
+            }
+        }
+        let all: Vec<String> = self.pods.keys().cloned().collect();
+        for id in all {
+            self.reconcile(&id).await;
+        }
+        tracing::info!(enrolled = self.enroller.cache().count(), "caches synced");
+    }
+}
