@@ -140,7 +140,8 @@ impl State {
             annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
             host_network: pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false),
         };
-        !terminal(pod)
+        self.config.ambient_enabled
+            && !terminal(pod)
             && pod.metadata.deletion_timestamp.is_none()
             && should_enroll(
                 &self.selectors,
