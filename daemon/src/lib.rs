@@ -3,6 +3,7 @@
 //! SIGTERM/SIGINT listener, and the health/readiness/metrics HTTP server the kubelet and Prometheus
 //! scrape.
 
+pub mod common_args;
 pub mod drain;
 mod error;
 pub mod logging;

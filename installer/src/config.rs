@@ -57,21 +57,9 @@ pub struct Config {
     /// File name of the Istio-owned conflist (the chart spells it ISTIO_OWNED_CNI_CONF_FILENAME).
     #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG_FILENAME", default_value = "02-istio-cni.conflist")]
     pub istio_owned_cni_config_filename: String,
-    /// Port of the Prometheus metrics endpoint.
-    #[arg(long, env = "MONITORING_PORT", default_value_t = 15014)]
-    pub monitoring_port: u16,
-    /// Port of /healthz and /readyz.
-    #[arg(long, env = "READINESS_PORT", default_value_t = 8000)]
-    pub readiness_port: u16,
-    /// Address the probe and metrics servers bind to.
-    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0")]
-    pub listen_address: std::net::IpAddr,
-    /// The agent's own log level or filter.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-    /// Emit JSON logs.
-    #[arg(long, env = "LOG_JSON", default_value_t = false, action = ArgAction::Set)]
-    pub log_json: bool,
+    /// Probe/metrics ports and logging, shared by every agent binary.
+    #[command(flatten)]
+    pub common: daemon::common_args::CommonArgs,
     /// Log level written into the plugin's netconf.
     #[arg(long, env = "PLUGIN_LOG_LEVEL", default_value = "info")]
     pub plugin_log_level: String,
@@ -216,7 +204,7 @@ mod tests {
         assert_eq!(c.kubeconfig_mode, 0o600);
         assert_eq!(c.mounted_cni_net_dir, PathBuf::from("/host/etc/cni/net.d"));
         assert_eq!(c.kubeconfig_path(), PathBuf::from("/var/run/istio-cni/istio-cni-kubeconfig"));
-        assert_eq!(c.monitoring_port, 15014);
+        assert_eq!(c.common.monitoring_port, 15014);
         assert!(c.ambient_enablement_selector.as_array().is_some_and(|a| a.len() == 2));
         assert!(c.validate().is_ok());
     }

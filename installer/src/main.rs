@@ -1,12 +1,11 @@
 //! `install-cni`: installs the istio-cni plugin on this node and keeps it installed until SIGTERM.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use daemon::drain::{Drain, DrainMode};
-use daemon::probes::{self, ProbeState};
+use daemon::probes::ProbeState;
 use installer::agent::Agent;
 use installer::config::Config;
 use installer::metrics::Metrics;
@@ -26,7 +25,7 @@ fn main() {
         eprintln!("install-cni: invalid configuration: {e}");
         std::process::exit(2);
     }
-    daemon::logging::init(&config.log_level, config.log_json);
+    config.common.init_logging();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     if let Err(e) = runtime.block_on(run(config)) {
         tracing::error!("install-cni failed: {e:#}");
@@ -40,10 +39,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Metrics::register(&mut registry);
     let probe = ProbeState::new(Arc::new(Mutex::new(registry)));
     let (drain_trigger, drain) = Drain::new();
-    for port in [config.readiness_port, config.monitoring_port] {
-        let listener = probes::bind(SocketAddr::new(config.listen_address, port)).await?;
-        tokio::spawn(probes::serve(listener, probe.clone(), drain.clone()));
-    }
+    config.common.serve_probes(&probe, &drain).await?;
     // Only the servers hold watchers; keeping this one would make every shutdown wait out the drain timeout.
     drop(drain);
 

@@ -42,24 +42,12 @@ pub struct Config {
     /// Force an iptables flavour (iptables-legacy, iptables-nft).
     #[arg(long, env = "FORCE_IPTABLES_BINARY")]
     pub force_iptables_binary: Option<String>,
+    /// Probe/metrics ports and logging, shared by every agent binary.
+    #[command(flatten)]
+    pub common: daemon::common_args::CommonArgs,
     /// Where the host's /proc is mounted (netns discovery of running pods).
     #[arg(long, env = "HOST_PROC", default_value = "/proc")]
     pub host_proc: PathBuf,
-    /// Port of /healthz and /readyz.
-    #[arg(long, env = "READINESS_PORT", default_value_t = 8000)]
-    pub readiness_port: u16,
-    /// Port of /metrics.
-    #[arg(long, env = "MONITORING_PORT", default_value_t = 15014)]
-    pub monitoring_port: u16,
-    /// Address the probe and metrics servers bind to.
-    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0")]
-    pub listen_address: std::net::IpAddr,
-    /// Log level or filter.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-    /// Emit JSON logs.
-    #[arg(long, env = "LOG_JSON", default_value_t = false, action = ArgAction::Set)]
-    pub log_json: bool,
 }
 
 impl Config {

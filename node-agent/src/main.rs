@@ -7,14 +7,13 @@ mod event_server;
 mod metrics;
 mod watch;
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser as _;
 use daemon::drain::{Drain, DrainMode};
-use daemon::probes::{self, ProbeState};
+use daemon::probes::ProbeState;
 use prometheus_client::registry::Registry;
 use redirect::backend::Backend;
 use redirect::hostprobe::{find_kubelet_uid, HostProbe, HostProbeConfig};
@@ -31,7 +30,7 @@ fn main() {
         eprintln!("node-agent: invalid configuration: {e}");
         std::process::exit(2);
     }
-    daemon::logging::init(&config.log_level, config.log_json);
+    config.common.init_logging();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
     if let Err(e) = runtime.block_on(run(config)) {
@@ -48,10 +47,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Metrics::register(&mut registry);
     let probe = ProbeState::new(Arc::new(Mutex::new(registry)));
     let (drain_trigger, drain) = Drain::new();
-    for port in [config.readiness_port, config.monitoring_port] {
-        let listener = probes::bind(SocketAddr::new(config.listen_address, port)).await?;
-        tokio::spawn(probes::serve(listener, probe.clone(), drain.clone()));
-    }
+    config.common.serve_probes(&probe, &drain).await?;
 
     let backend = Backend::select(config.native_nftables, config.force_iptables_binary.as_deref())?;
     tracing::info!(%backend, "in-pod rules backend");
