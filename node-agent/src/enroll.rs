@@ -146,15 +146,8 @@ impl Enroller {
         let name = key(pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let started = Instant::now();
-        let plan = ambient::build(&self.inpod_config(pod));
-        let backend = self.backend;
         let fd = netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() })?;
-        let netns = Arc::new(netns);
-        let ns = netns.clone();
-        tokio::task::spawn_blocking(move || backend.apply_ambient(&ns, &plan))
-            .await
-            .map_err(|e| EnrollError::Rules { pod: name.clone(), reason: e.to_string() })?
-            .map_err(|e| EnrollError::Rules { pod: name.clone(), reason: e.to_string() })?;
+        self.program_rules(pod, netns).await?;
         self.metrics.phase("rules", started);
 
         let started = Instant::now();
@@ -191,22 +184,12 @@ impl Enroller {
         let name = key(pod);
         let mut fd = None;
         if let Some(netns) = netns {
-            if reprogram {
-                let (backend, plan) = (self.backend, ambient::build(&self.inpod_config(pod)));
-                let netns = Arc::new(
-                    netns
-                        .try_clone_fd()
-                        .and_then(|f| Netns::from_fd(f, "restored pod netns").map_err(std::io::Error::other))
-                        .map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() })?,
-                );
-                tokio::task::spawn_blocking(move || backend.apply_ambient(&netns, &plan))
-                    .await
-                    .map_err(|e| EnrollError::Rules { pod: name.clone(), reason: e.to_string() })?
-                    .map_err(|e| EnrollError::Rules { pod: name.clone(), reason: e.to_string() })?;
-            }
             fd = Some(Arc::new(
                 netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() })?,
             ));
+            if reprogram {
+                self.program_rules(pod, netns).await?;
+            }
         }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if let Err(e) = self.hostprobe.add(&uid, &ips) {
@@ -215,6 +198,16 @@ impl Enroller {
         self.cache.insert(Enrolled { uid, info: workload_info(pod), ips, netns: fd });
         self.metrics.enrolled_pods.set(self.cache.count() as i64);
         Ok(())
+    }
+
+    /// Programs the pod's in-pod rules on a blocking thread (the apply enters the netns and may exec iptables).
+    async fn program_rules(&self, pod: &Pod, netns: Netns) -> Result<(), EnrollError> {
+        let (backend, plan) = (self.backend, ambient::build(&self.inpod_config(pod)));
+        let failed = |reason: String| EnrollError::Rules { pod: key(pod), reason };
+        tokio::task::spawn_blocking(move || backend.apply_ambient(&netns, &plan))
+            .await
+            .map_err(|e| failed(e.to_string()))?
+            .map_err(|e| failed(e.to_string()))
     }
 
     /// Removes a pod: host probe entries, cache, in-pod rules (unless the pod is going away with its netns),
