@@ -339,6 +339,13 @@ impl Store {
         if part == Part::Status {
             let mut whole = (**existing).clone();
             carry_top(&mut whole, &obj, "status");
+            // As the apiserver's pod status strategy: pods/status also writes labels and annotations (Istio's
+            // node agent annotates enrolled pods this way), never the spec.
+            if kind.kind == "Pod" {
+                for field in ["labels", "annotations"] {
+                    carry_meta(&mut whole, &obj, field);
+                }
+            }
             obj = whole;
         } else {
             carry_top(&mut obj, existing, "status");
@@ -437,6 +444,17 @@ mod tests {
             s.patch(k, "default", "a", &json!({"status": {"phase": "Succeeded"}}), Part::Status, false).unwrap();
         assert_eq!(patched["status"]["phase"], "Succeeded");
         assert_ne!(patched["metadata"]["resourceVersion"], stored["metadata"]["resourceVersion"]);
+    }
+
+    #[test]
+    fn pod_status_writes_annotations_but_not_the_spec() {
+        let mut s = Store::new();
+        let k = by_name("pods").unwrap();
+        s.upsert(k, pod("a")).unwrap();
+        let patch = json!({"metadata": {"annotations": {"ambient.istio.io/redirection": "enabled"}}, "spec": {"x": 1}});
+        let patched = s.patch(k, "default", "a", &patch, Part::Status, false).unwrap();
+        assert_eq!(patched["metadata"]["annotations"]["ambient.istio.io/redirection"], "enabled");
+        assert!(patched["spec"].get("x").is_none(), "the spec is not writable through pods/status");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod install_cni;
 pub mod mesh;
 pub mod netns_guard;
 pub mod node;
+pub mod node_agent;
 pub mod podman;
 pub mod runtime;
 pub mod spy;

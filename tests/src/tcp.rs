@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use netns::Netns;
 use nix::sys::socket::{getsockopt, sockopt::OriginalDst};
 
 use crate::runtime::exec;
@@ -70,31 +71,47 @@ impl NetnsGuard {
 
     fn listen(&self, port: u16, transparent: bool) -> TcpProbe {
         let ns = self.open().unwrap_or_else(|e| panic!("open netns {}: {e}", self.name()));
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let ran = ns.run(|| {
-                let listener = match bind(port, transparent).and_then(|l| {
-                    l.set_nonblocking(true)?;
-                    Ok((l.local_addr()?, l))
-                }) {
-                    Ok((addr, l)) => {
-                        let _ = ready_tx.send(Ok(addr));
-                        l
-                    }
-                    Err(e) => return ready_tx.send(Err(e.to_string())).unwrap_or(()),
-                };
-                let _ = tx.send(accept_one(&listener));
-            });
-            if let Err(e) = ran {
-                let _ = ready_tx.send(Err(e.to_string()));
-            }
+        listen_in(ns, port, transparent)
+    }
+}
+
+/// Like [`NetnsGuard::listen_tcp`] (`transparent`: [`NetnsGuard::listen_tcp_transparent`]) in a netns known only
+/// by a handle, e.g. one received as a file descriptor over ZDS, the way the node proxy listens in a pod.
+pub fn listen_in(ns: Netns, port: u16, transparent: bool) -> TcpProbe {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let ns_name = ns.path().to_path_buf();
+    std::thread::spawn(move || {
+        let ran = ns.run(|| {
+            let listener = match bind(port, transparent).and_then(|l| {
+                l.set_nonblocking(true)?;
+                Ok((l.local_addr()?, l))
+            }) {
+                Ok((addr, l)) => {
+                    let _ = ready_tx.send(Ok(addr));
+                    l
+                }
+                Err(e) => return ready_tx.send(Err(e.to_string())).unwrap_or(()),
+            };
+            let _ = tx.send(accept_one(&listener));
         });
-        let addr = ready_rx
-            .recv()
-            .expect("listener thread ended")
-            .unwrap_or_else(|e| panic!("listen on port {port} in netns {}: {e}", self.name()));
-        TcpProbe { addr, rx }
+        if let Err(e) = ran {
+            let _ = ready_tx.send(Err(e.to_string()));
+        }
+    });
+    let addr = ready_rx
+        .recv()
+        .expect("listener thread ended")
+        .unwrap_or_else(|e| panic!("listen on port {port} in netns {}: {e}", ns_name.display()));
+    TcpProbe { addr, rx }
+}
+
+impl NetnsGuard {
+    /// Connects to `addr` from inside this netns from a socket carrying `SO_MARK` `mark` (as the node proxy
+    /// marks its own traffic), and closes at once. `Ok` if the TCP handshake succeeded.
+    pub fn connect_tcp_marked(&self, addr: SocketAddrV4, mark: u32) -> Result<(), String> {
+        let ns = self.open().map_err(|e| e.to_string())?;
+        ns.run(|| connect_marked(addr, mark)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())
     }
 
     /// Connects to `addr` from inside this netns (as `uid`/gid `uid` when given, root otherwise) using
@@ -117,6 +134,16 @@ impl NetnsGuard {
             Err(format!("{}: {}", out.status, out.stderr_str().trim()))
         }
     }
+}
+
+fn connect_marked(addr: SocketAddrV4, mark: u32) -> std::io::Result<()> {
+    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket::socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    socket::setsockopt(&fd, sockopt::Mark, &mark)?;
+    let timeout = nix::sys::time::TimeVal::new(PROBE_DEADLINE.as_secs() as i64, 0);
+    socket::setsockopt(&fd, sockopt::SendTimeout, &timeout)?;
+    socket::connect(fd.as_raw_fd(), &SockaddrIn::from(addr))?;
+    Ok(())
 }
 
 fn bind(port: u16, transparent: bool) -> std::io::Result<TcpListener> {

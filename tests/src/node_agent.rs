@@ -1,0 +1,385 @@
+//! Running the real `node-agent` binary on a test node, the way the istio-cni DaemonSet runs it on a real one:
+//! inside the node netns (it reaches the fake API server at 127.0.0.1, programs the host probe SNAT there, and
+//! its probe ports are private to the node), with the node's run dir shared with the plugin. A [`ZdsPeer`]
+//! stands in for the node proxy: it connects to the agent's ZDS socket, records every request with its fds and
+//! acks as told. Tests then look at what a user would: CNI results, rules, traffic, annotations, the log.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use netns::Netns;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use zds::messages::{workload_request::Payload, WorkloadInfo};
+
+use crate::install_cni::{eventually, READINESS_PORT};
+use crate::mesh::{plain_pod, Cluster};
+use crate::{bins, NetnsGuard};
+
+/// The label (on a pod or its namespace) that enrolls pods in ambient with Istio's default selectors.
+pub const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
+/// The annotation the agent sets on enrolled pods.
+pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
+/// The source address host-originated traffic to enrolled pods gets (host probe SNAT).
+pub const PROBE_SNAT_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 7, 127);
+/// The mark the node proxy puts on its own sockets; the in-pod rules let such traffic through.
+pub const PROXY_MARK: u32 = 0x539;
+
+/// The agent's own debug logs, without the HTTP and TLS client chatter.
+const LOG_LEVEL: &str = "debug,hyper_util=info,kube_client=info,tower=info,rustls=info,rustls_platform_verifier=info";
+
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// A Pod object without a sidecar, labelled into ambient.
+pub fn ambient_pod(namespace: &str, name: &str) -> Value {
+    let mut pod = plain_pod(namespace, name);
+    pod["metadata"]["labels"] = json!({ DATAPLANE_MODE: "ambient" });
+    pod
+}
+
+/// A Namespace object with `labels`; the plugin looks the namespace up when the pod's own labels do not decide.
+pub fn namespace(name: &str, labels: Value) -> Value {
+    json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name, "labels": labels } })
+}
+
+/// `cluster`'s conflist with the istio-cni entry's `ambient_enabled` set, as Istio's chart renders it for ambient.
+/// Pods also get a default route through the bridge, as on a real node: the replies to host probes, whose
+/// source is the off-subnet 169.254.7.127, need it.
+pub fn ambient_conflist(cluster: &Cluster) -> Value {
+    let mut entry = cluster.istio_cni();
+    entry["ambient_enabled"] = json!(true);
+    let mut list = cluster.node.conflist(vec![entry]);
+    list["plugins"][0]["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0" }]);
+    list
+}
+
+/// The agent env that selects the same rule backend as the cluster's plugin netconf.
+fn backend_env(cluster: &Cluster) -> Vec<(String, String)> {
+    let overrides = &cluster.plugin_overrides;
+    let mut env = Vec::new();
+    if overrides["native_nftables"].as_bool() == Some(true) {
+        env.push(("NATIVE_NFTABLES".to_owned(), "true".to_owned()));
+    }
+    if let Some(binary) = overrides["force_iptables_binary"].as_str() {
+        env.push(("FORCE_IPTABLES_BINARY".to_owned(), binary.to_owned()));
+    }
+    env
+}
+
+/// A running `node-agent`; killed with SIGKILL on drop unless it already exited.
+#[derive(Debug)]
+pub struct NodeAgent {
+    child: Child,
+    netns: PathBuf,
+    scratch: TempDir,
+    log: PathBuf,
+    exit: Option<ExitStatus>,
+}
+
+impl NodeAgent {
+    /// Spawns the agent inside `cluster`'s node netns with a cleared env: node `node-1`, the fake API's
+    /// kubeconfig, the cluster's run dir, a private ZDS socket, the cluster's rule backend, then `overrides`.
+    /// Returns once `/readyz` answers 200, i.e. the caches synced and both sockets are served.
+    #[track_caller]
+    pub fn start(cluster: &Cluster, overrides: &[(&str, &str)]) -> Self {
+        let scratch = tempfile::Builder::new().prefix("node-agent-").tempdir().expect("node agent tempdir");
+        let kubeconfig = scratch.path().join("kubeconfig");
+        cluster.api.write_kubeconfig(&kubeconfig).expect("fake API kubeconfig");
+        let log = scratch.path().join(format!("node-agent-{}.log", RUNS.fetch_add(1, Ordering::Relaxed)));
+        let path = |p: &Path| p.display().to_string();
+        let mut env: Vec<(String, String)> = [
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("NODE_NAME", "node-1".into()),
+            ("KUBECONFIG", path(&kubeconfig)),
+            ("CNI_AGENT_RUN_DIR", path(&cluster.run_dir())),
+            ("ZTUNNEL_UDS_ADDRESS", path(&scratch.path().join("ztunnel.sock"))),
+            ("HOST_PROC", "/proc".into()),
+            ("LOG_LEVEL", LOG_LEVEL.into()),
+            ("NO_COLOR", "1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        env.extend(backend_env(cluster));
+        for (key, value) in overrides {
+            env.retain(|(k, _)| k != key);
+            env.push(((*key).to_owned(), (*value).to_owned()));
+        }
+        let stderr = File::create(&log).expect("node agent log file");
+        let mut cmd = Command::new(bins::path("node-agent"));
+        cmd.env_clear().envs(env).stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
+        let ns = cluster.node.netns().open().expect("open node netns");
+        let child = ns.run(|| cmd.spawn()).expect("enter node netns").expect("spawn node-agent");
+        let mut agent = Self { child, netns: cluster.node.netns().path(), scratch, log, exit: None };
+        agent.wait_ready();
+        agent
+    }
+
+    /// The ZDS socket the node proxy connects to.
+    pub fn zds_socket(&self) -> PathBuf {
+        self.scratch.path().join("ztunnel.sock")
+    }
+
+    /// The process's log (its stderr) so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    #[track_caller]
+    fn wait_ready(&mut self) {
+        let netns = self.netns.clone();
+        let child = &mut self.child;
+        let ready = eventually("node-agent answers /readyz with 200 (or exits)", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(Err(status));
+            }
+            (readyz(&netns) == Some(200)).then_some(Ok(()))
+        });
+        if let Err(status) = ready {
+            self.exit = Some(status);
+            panic!("node-agent exited with {status} before becoming ready; log:\n{}", self.log());
+        }
+    }
+
+    /// Sends SIGTERM (as the kubelet does) and waits for the exit.
+    #[track_caller]
+    pub fn terminate(&mut self) -> ExitStatus {
+        let pid = Pid::from_raw(self.child.id() as i32);
+        kill(pid, Signal::SIGTERM).expect("SIGTERM node-agent");
+        let child = &mut self.child;
+        let status = eventually("node-agent exits", || child.try_wait().expect("wait for node-agent"));
+        self.exit = Some(status);
+        status
+    }
+}
+
+impl Drop for NodeAgent {
+    fn drop(&mut self) {
+        if self.exit.is_none() && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("node-agent log:\n{}", self.log());
+        }
+    }
+}
+
+/// `/readyz`'s status code from inside the node netns, if it answered.
+fn readyz(netns: &Path) -> Option<u16> {
+    use std::io::{Read, Write};
+    let ns = Netns::open(netns).ok()?;
+    let raw = ns
+        .run(|| -> std::io::Result<String> {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], READINESS_PORT));
+            let mut stream = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
+            stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+            write!(stream, "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+            let mut raw = String::new();
+            stream.read_to_string(&mut raw)?;
+            Ok(raw)
+        })
+        .ok()?
+        .ok()?;
+    raw.split(' ').nth(1)?.parse().ok()
+}
+
+/// What kind of request the agent sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// `AddWorkload`.
+    Add,
+    /// `KeepWorkload`.
+    Keep,
+    /// `DelWorkload`.
+    Del,
+    /// `SnapshotSent`.
+    SnapshotSent,
+    /// A request without payload (a protocol error on the agent's side).
+    Empty,
+}
+
+/// One request the peer received, as the node proxy would see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Received {
+    /// Which request.
+    pub kind: RequestKind,
+    /// The pod UID (empty for `SnapshotSent`).
+    pub uid: String,
+    /// `(dev, ino)` of every fd that came with it, to compare with `Netns::id()`.
+    pub fds: Vec<(u64, u64)>,
+    /// The `AddWorkload`'s workload info.
+    pub info: Option<WorkloadInfo>,
+}
+
+/// How the peer answers every request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// An empty ack (success).
+    Ack,
+    /// An ack carrying this error.
+    Nack(String),
+}
+
+#[derive(Default)]
+struct PeerState {
+    received: Vec<Received>,
+    /// The fds of every Add, by pod UID, kept open as the node proxy keeps them.
+    netns: Vec<(String, OwnedFd)>,
+}
+
+/// A test node proxy on its own thread: connected to the agent's ZDS socket, it records every request (and
+/// keeps the netns fds), and answers each with [`Reply`]. Disconnects on drop.
+pub struct ZdsPeer {
+    state: Arc<Mutex<PeerState>>,
+    reply: Arc<Mutex<Reply>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ZdsPeer {
+    /// Connects to `agent`'s ZDS socket and returns after the (empty or not) snapshot ended with `SnapshotSent`,
+    /// so the agent routes new pods to this connection.
+    #[track_caller]
+    pub fn connect(agent: &NodeAgent) -> Self {
+        let peer = Self::connect_to(&agent.zds_socket());
+        eventually("the peer received SnapshotSent", || {
+            peer.received().iter().any(|r| r.kind == RequestKind::SnapshotSent).then_some(())
+        });
+        peer
+    }
+
+    fn connect_to(path: &Path) -> Self {
+        let state = Arc::new(Mutex::new(PeerState::default()));
+        let reply = Arc::new(Mutex::new(Reply::Ack));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let (connected_tx, connected_rx) = mpsc::channel();
+        let (path, st, rp) = (path.to_path_buf(), state.clone(), reply.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("peer runtime");
+            rt.block_on(serve(path, st, rp, stop_rx, connected_tx));
+        });
+        match connected_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("ZDS peer could not connect: {e}"),
+            Err(_) => panic!("ZDS peer thread ended before connecting"),
+        }
+        Self { state, reply, stop: Some(stop_tx), thread: Some(thread) }
+    }
+
+    /// Changes how the following requests are answered.
+    pub fn set_reply(&self, reply: Reply) {
+        *self.reply.lock().unwrap() = reply;
+    }
+
+    /// Every request received so far, in order.
+    pub fn received(&self) -> Vec<Received> {
+        self.state.lock().unwrap().received.clone()
+    }
+
+    /// The requests of kind `kind` for pod `uid`.
+    pub fn received_for(&self, kind: RequestKind, uid: &str) -> Vec<Received> {
+        self.received().into_iter().filter(|r| r.kind == kind && r.uid == uid).collect()
+    }
+
+    /// The netns of pod `uid` from the fd of its latest `AddWorkload`, as the node proxy enters it.
+    pub fn netns(&self, uid: &str) -> Netns {
+        let state = self.state.lock().unwrap();
+        let (_, fd) = state
+            .netns
+            .iter()
+            .rev()
+            .find(|(u, _)| u == uid)
+            .unwrap_or_else(|| panic!("the peer received no netns fd for pod {uid}"));
+        let fd = fd.try_clone().expect("dup netns fd");
+        Netns::from_fd(fd, format!("netns of {uid} received over ZDS")).expect("received fd is a netns")
+    }
+}
+
+impl Drop for ZdsPeer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn serve(
+    path: PathBuf,
+    state: Arc<Mutex<PeerState>>,
+    reply: Arc<Mutex<Reply>>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+    connected: mpsc::Sender<Result<(), String>>,
+) {
+    let client = match zds::ZdsClient::connect(&path).await {
+        Ok(c) => {
+            let _ = connected.send(Ok(()));
+            c
+        }
+        Err(e) => {
+            let _ = connected.send(Err(e.to_string()));
+            return;
+        }
+    };
+    loop {
+        let (request, fds) = tokio::select! {
+            _ = &mut stop => return,
+            received = client.recv() => match received {
+                Ok(r) => r,
+                Err(e) => return eprintln!("ZDS peer: connection ended: {e}"),
+            },
+        };
+        let (kind, uid, info) = match request.payload {
+            Some(Payload::Add(add)) => (RequestKind::Add, add.uid, add.workload_info),
+            Some(Payload::Keep(keep)) => (RequestKind::Keep, keep.uid, None),
+            Some(Payload::Del(del)) => (RequestKind::Del, del.uid, None),
+            Some(Payload::SnapshotSent(_)) => (RequestKind::SnapshotSent, String::new(), None),
+            None => (RequestKind::Empty, String::new(), None),
+        };
+        let ids = fds.iter().map(fd_id).collect();
+        {
+            let mut state = state.lock().unwrap();
+            state.received.push(Received { kind, uid: uid.clone(), fds: ids, info });
+            state.netns.extend(fds.into_iter().map(|fd| (uid.clone(), fd)));
+        }
+        let answer = match reply.lock().unwrap().clone() {
+            Reply::Ack => None,
+            Reply::Nack(reason) => Some(reason),
+        };
+        if let Err(e) = client.ack(answer).await {
+            return eprintln!("ZDS peer: ack failed: {e}");
+        }
+    }
+}
+
+fn fd_id(fd: &OwnedFd) -> (u64, u64) {
+    let st = nix::sys::stat::fstat(fd.as_fd()).expect("fstat received fd");
+    (st.st_dev as u64, st.st_ino as u64)
+}
+
+/// The `ambient.istio.io/redirection` annotation of pod `namespace/name` in the fake API.
+pub fn redirection(cluster: &Cluster, namespace: &str, name: &str) -> Option<String> {
+    let pod = cluster.api.get("Pod", Some(namespace), name)?;
+    pod["metadata"]["annotations"][REDIRECTION_ANNOTATION].as_str().map(String::from)
+}
+
+/// The UID the fake API gave pod `namespace/name`.
+pub fn uid(cluster: &Cluster, namespace: &str, name: &str) -> String {
+    let pod = cluster.api.get("Pod", Some(namespace), name).unwrap_or_else(|| panic!("no pod {namespace}/{name}"));
+    pod["metadata"]["uid"].as_str().expect("pod has a uid").to_owned()
+}
+
+/// The pod netns of a test pod, as a handle (for comparing ids).
+pub fn netns_id(ns: &NetnsGuard) -> (u64, u64) {
+    ns.open().expect("open pod netns").id()
+}
