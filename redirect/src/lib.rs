@@ -11,3 +11,6 @@ pub mod iptables;
 pub mod model;
 pub mod nft;
 pub mod sidecar;
+
+mod routing;
+mod xtables;

@@ -85,16 +85,7 @@ fn iptables_payloads_equal_istio_goldens() {
 fn check_nft(file: &str, plan: &AmbientPlan) {
     let ours = TestNetns::new();
     Backend::Nftables.apply_ambient(&ours.ns, plan).unwrap_or_else(|e| panic!("{file}: apply: {e}"));
-    let reference = TestNetns::new();
-    reference.nft_file(&golden("nftables", file));
-    let (expected, actual) = (reference.ruleset(), ours.ruleset());
-    assert!(
-        expected == actual,
-        "{file}: kernel state differs from the golden\n{}\n--- ours:\n{}\n--- golden:\n{}",
-        diff(&expected, &actual),
-        ours.text(),
-        reference.text()
-    );
+    ours.assert_matches_golden(file, &golden("nftables", file));
 }
 
 macro_rules! nft_case {

@@ -9,14 +9,15 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use ipnet::IpNet;
 use netns::Netns;
 use redirect::model::{Rule, Table, Target};
 use redirect::nft::layout::NftLayout;
 use redirect::nft::{apply, remove, tables, NftError, TableId};
-use redirect::sidecar::{build, CidrSpec, InterceptMode, Plan, PortSpec, SidecarConfig};
-use support::{diff, TestNetns};
+use redirect::sidecar::{build, InterceptMode, Plan, SidecarConfig};
+use support::TestNetns;
 
+#[macro_use]
+mod sidecar_cases;
 mod support;
 
 fn golden_path(dir: &str, name: &str) -> PathBuf {
@@ -27,147 +28,21 @@ fn golden_path(dir: &str, name: &str) -> PathBuf {
 fn check_against_golden(dir: &str, name: &str, plan: &Plan) {
     let ours = TestNetns::new();
     apply(&ours.ns, plan).unwrap_or_else(|e| panic!("{name}: apply: {e}"));
-    let reference = TestNetns::new();
-    reference.nft_file(&golden_path(dir, name));
-    let (expected, actual) = (reference.ruleset(), ours.ruleset());
-    assert!(
-        expected == actual,
-        "{name}: kernel state differs from the golden\n{}\n--- ours:\n{}\n--- golden:\n{}",
-        diff(&expected, &actual),
-        ours.text(),
-        reference.text()
-    );
-}
-
-fn nets(list: &[&str]) -> Vec<IpNet> {
-    list.iter().map(|s| s.parse().expect("cidr")).collect()
+    ours.assert_matches_golden(name, &golden_path(dir, name));
 }
 
 // ---- sidecar-capture: Istio's own nftables goldens (copied unchanged), INDEX §3 inputs ----
 
-macro_rules! capture_case {
-    ($fn:ident, $golden:literal, |$c:ident| $body:block) => {
-        #[test]
-        fn $fn() {
-            #[allow(unused_mut)]
-            let mut $c = SidecarConfig::default();
-            $body
-            check_against_golden("sidecar-capture", $golden, &build(&$c));
-        }
+fn check_capture(name: &str, cfg: SidecarConfig) {
+    check_against_golden("sidecar-capture", name, &build(&cfg));
+}
+
+capture_tests!(check_capture);
+sidecar_tests! { check_capture, SidecarConfig::default();
+    capture_inbound_ports_empty_tproxy, "inbound-ports-empty-tproxy", |c| {
+        c.mode = InterceptMode::Tproxy;
     };
 }
-
-fn dns_uid_gid(c: &mut SidecarConfig) {
-    c.redirect_dns = true;
-    c.proxy_uids = vec![3, 4];
-    c.proxy_gids = vec![1, 2];
-}
-
-capture_case!(capture_empty, "empty", |c| {});
-capture_case!(capture_basic_exclude_nic, "basic-exclude-nic", |c| {
-    c.exclude_interfaces = vec!["not-istio-nic".into()];
-});
-capture_case!(capture_drop_invalid, "drop-invalid", |c| {
-    c.drop_invalid = true;
-});
-capture_case!(capture_host_ipv4_loopback_cidr, "host-ipv4-loopback-cidr", |c| {
-    c.host_ipv4_loopback_cidr = "127.0.0.1/8".parse().unwrap();
-});
-capture_case!(capture_inbound_ports_include, "inbound-ports-include", |c| {
-    c.inbound_ports_include = PortSpec::List(vec![32000, 31000]);
-});
-capture_case!(capture_inbound_ports_wildcard, "inbound-ports-wildcard", |c| {
-    c.inbound_ports_include = PortSpec::All;
-});
-capture_case!(capture_inbound_ports_tproxy, "inbound-ports-tproxy", |c| {
-    c.inbound_ports_include = PortSpec::List(vec![32000, 31000]);
-    c.mode = InterceptMode::Tproxy;
-});
-capture_case!(capture_inbound_ports_wildcard_tproxy, "inbound-ports-wildcard-tproxy", |c| {
-    c.inbound_ports_include = PortSpec::All;
-    c.mode = InterceptMode::Tproxy;
-});
-capture_case!(capture_outbound_ports_include, "outbound-ports-include", |c| {
-    c.outbound_ports_include = vec![32000, 31000];
-});
-capture_case!(capture_ipnets, "ipnets", |c| {
-    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["10.0.0.0/8"]));
-});
-capture_case!(capture_kube_virt_interfaces, "kube-virt-interfaces", |c| {
-    c.reroute_virtual_interfaces = vec!["eth1".into(), "eth2".into()];
-    c.outbound_ip_ranges_include = CidrSpec::All;
-});
-capture_case!(capture_ipnets_with_kube_virt_interfaces, "ipnets-with-kube-virt-interfaces", |c| {
-    c.reroute_virtual_interfaces = vec!["eth1".into(), "eth2".into()];
-    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["10.0.0.0/8"]));
-});
-capture_case!(capture_ip_range, "ip-range", |c| {
-    dns_uid_gid(&mut c);
-    c.outbound_ip_ranges_exclude = nets(&["1.1.0.0/16"]);
-    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["9.9.0.0/16"]));
-    c.dns_servers = vec!["127.0.0.53".parse().unwrap()];
-});
-capture_case!(capture_loopback_outbound_iprange, "loopback-outbound-iprange", |c| {
-    dns_uid_gid(&mut c);
-    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["127.1.2.3/32"]));
-    c.dns_servers = vec!["127.0.0.53".parse().unwrap()];
-});
-capture_case!(capture_tproxy, "tproxy", |c| {
-    c.enable_ipv6 = true;
-    c.mode = InterceptMode::Tproxy;
-    c.inbound_ports_include = PortSpec::All;
-    c.outbound_ip_ranges_exclude = nets(&["1.1.0.0/16"]);
-    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["9.9.0.0/16"]));
-    c.redirect_dns = true;
-    c.dns_servers = vec!["127.0.0.53".parse().unwrap()];
-    c.exclude_interfaces = vec!["not-istio-nic".into()];
-});
-capture_case!(capture_ipv6_empty_inbound_ports, "ipv6-empty-inbound-ports", |c| {
-    c.enable_ipv6 = true;
-});
-capture_case!(capture_ipv6_inbound_ports, "ipv6-inbound-ports", |c| {
-    c.enable_ipv6 = true;
-    c.inbound_ports_include = PortSpec::List(vec![4000, 5000]);
-});
-capture_case!(capture_ipv6_virt_interfaces, "ipv6-virt-interfaces", |c| {
-    c.enable_ipv6 = true;
-    c.inbound_ports_include = PortSpec::List(vec![4000, 5000]);
-    c.reroute_virtual_interfaces = vec!["eth0".into(), "eth1".into()];
-});
-capture_case!(capture_ipv6_ipnets, "ipv6-ipnets", |c| {
-    c.enable_ipv6 = true;
-    c.inbound_ports_include = PortSpec::List(vec![4000, 5000]);
-    c.inbound_ports_exclude = vec![6000, 7000];
-    c.reroute_virtual_interfaces = vec!["eth0".into(), "eth1".into()];
-    c.outbound_ip_ranges_exclude = nets(&["2001:db8::/32"]);
-    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["2001:db8::/32"]));
-});
-capture_case!(capture_ipv6_uid_gid, "ipv6-uid-gid", |c| {
-    c.enable_ipv6 = true;
-    c.inbound_ports_include = PortSpec::List(vec![4000, 5000]);
-    c.inbound_ports_exclude = vec![6000, 7000];
-    c.reroute_virtual_interfaces = vec!["eth0".into(), "eth1".into()];
-    c.outbound_ip_ranges_exclude = nets(&["2001:db8::/32"]);
-    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["2001:db8::/32"]));
-    c.proxy_uids = vec![3, 4];
-    c.proxy_gids = vec![1, 2];
-});
-capture_case!(capture_ipv6_outbound_ports, "ipv6-outbound-ports", |c| {
-    c.enable_ipv6 = true;
-    c.outbound_ports_include = vec![32000, 31000];
-});
-capture_case!(capture_dns_uid_gid, "dns-uid-gid", |c| {
-    c.enable_ipv6 = true;
-    dns_uid_gid(&mut c);
-    c.dns_servers = vec!["127.0.0.53".parse().unwrap(), "::127.0.0.53".parse().unwrap()];
-});
-capture_case!(capture_ipv6_dns_uid_gid, "ipv6-dns-uid-gid", |c| {
-    c.enable_ipv6 = true;
-    dns_uid_gid(&mut c);
-});
-capture_case!(capture_inbound_ports_empty_tproxy, "inbound-ports-empty-tproxy", |c| {
-    c.mode = InterceptMode::Tproxy;
-});
 
 /// Owner groups by name must resolve on the host; an unknown one is named and nothing is programmed.
 #[test]
@@ -183,57 +58,23 @@ fn unknown_owner_group_is_named_and_nothing_is_programmed() {
 
 // ---- plugin-sidecar: the CNI plugin's cases (INDEX §1 settings), in Istio's nftables layout ----
 
-macro_rules! plugin_case {
-    ($fn:ident, $golden:literal, |$c:ident| $body:block) => {
-        #[test]
-        fn $fn() {
-            #[allow(unused_mut)]
-            let mut $c = SidecarConfig::cni_pod_defaults();
-            $body
-            check_against_golden("plugin-sidecar", $golden, &build(&$c));
-        }
-    };
+fn check_plugin(name: &str, cfg: SidecarConfig) {
+    check_against_golden("plugin-sidecar", name, &build(&cfg));
 }
 
-plugin_case!(plugin_basic, "basic", |c| {});
-plugin_case!(plugin_include_exclude_ip, "include-exclude-ip", |c| {
-    c.outbound_ip_ranges_include = CidrSpec::List(nets(&["127.0.0.0/8"]));
-    c.outbound_ip_ranges_exclude = nets(&["10.0.0.0/8"]);
-});
-plugin_case!(plugin_include_exclude_ports, "include-exclude-ports", |c| {
-    c.inbound_ports_include = PortSpec::List(vec![1111, 2222]);
-    c.inbound_ports_exclude = vec![3333, 4444, 15020, 15021, 15090];
-    c.outbound_ports_exclude = vec![5555, 6666];
-});
-plugin_case!(plugin_tproxy, "tproxy", |c| {
-    c.mode = InterceptMode::Tproxy;
-});
-plugin_case!(plugin_dns, "dns", |c| {
-    c.redirect_dns = true;
-    c.capture_all_dns = true;
-});
-plugin_case!(plugin_invalid_drop, "invalid-drop", |c| {
-    c.drop_invalid = true;
-});
-plugin_case!(plugin_custom_uid, "custom-uid", |c| {
-    c.proxy_uids = vec![1000670000];
-    c.proxy_gids = vec![1000670001];
-});
-plugin_case!(plugin_custom_uid_tproxy, "custom-uid-tproxy", |c| {
-    c.proxy_uids = vec![1000670000];
-    c.proxy_gids = vec![1000670001];
-    c.mode = InterceptMode::Tproxy;
-});
-plugin_case!(plugin_dual_stack, "dual-stack", |c| {
-    c.enable_ipv6 = true;
-});
-plugin_case!(plugin_dual_stack_tproxy_dns, "dual-stack-tproxy-dns", |c| {
-    c.enable_ipv6 = true;
-    c.mode = InterceptMode::Tproxy;
-    c.redirect_dns = true;
-    c.capture_all_dns = true;
-    c.drop_invalid = true;
-});
+plugin_tests!(check_plugin);
+sidecar_tests! { check_plugin, SidecarConfig::cni_pod_defaults();
+    plugin_dual_stack, "dual-stack", |c| {
+        c.enable_ipv6 = true;
+    };
+    plugin_dual_stack_tproxy_dns, "dual-stack-tproxy-dns", |c| {
+        c.enable_ipv6 = true;
+        c.mode = InterceptMode::Tproxy;
+        c.redirect_dns = true;
+        c.capture_all_dns = true;
+        c.drop_invalid = true;
+    };
+}
 
 // ---- transaction behaviour ----
 

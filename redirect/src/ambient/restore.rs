@@ -3,13 +3,10 @@
 //! new rules no longer use, and adds the new rules. Tables others use (the host's nat, with kube-proxy's
 //! rules) keep everything else, and the swap is atomic per family.
 
-use std::io::Write as _;
-use std::path::Path;
-use std::process::{Command, Stdio};
-
-use crate::apply::{command_error, private_lock_dir, ApplyError, IptablesBackend};
+use crate::apply::{ApplyError, IptablesBackend};
 use crate::iptables::render_rule;
 use crate::model::{is_builtin_chain, Family, RuleSet, Table};
+use crate::xtables::{self, RestoreMode, XtablesLock};
 
 /// Our chains per table: everything else in these tables belongs to someone else.
 pub(crate) type Owned<'a> = &'a [(Table, &'a [&'a str])];
@@ -21,8 +18,8 @@ pub(crate) fn program(
     rules: Option<&RuleSet>,
     owned: Owned<'_>,
 ) -> Result<(), ApplyError> {
-    let lock = private_lock_dir()?;
-    let lockfile = lock.path().join("xtables.lock");
+    let lock = XtablesLock::new()?;
+    let lockfile = lock.file();
     let mut tables: Vec<Table> = owned.iter().map(|(t, _)| *t).collect();
     tables.extend(rules.iter().flat_map(|rs| rs.tables.iter().map(|t| t.table)));
     tables.sort();
@@ -41,7 +38,7 @@ pub(crate) fn program(
                 ours.push(chain.clone());
             }
         }
-        let current = save(backend, family, table, &lockfile)?;
+        let current = xtables::save(backend, family, Some(table), Some(&lockfile))?;
         let existing = chains_in(&current);
         let wanted: Vec<&String> = planned.map(|t| t.chains.iter().collect()).unwrap_or_default();
 
@@ -68,7 +65,7 @@ pub(crate) fn program(
     if payload.is_empty() {
         return Ok(());
     }
-    restore_noflush(backend, family, &payload, &lockfile)
+    xtables::restore(backend, family, &payload, RestoreMode::NoFlush, &lockfile)
 }
 
 /// Chain names declared in an iptables-save table dump.
@@ -78,41 +75,4 @@ fn chains_in(save: &str) -> Vec<String> {
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_string)
         .collect()
-}
-
-fn save(backend: IptablesBackend, family: Family, table: Table, lockfile: &Path) -> Result<String, ApplyError> {
-    let binary = backend.binary(family, "save");
-    let out = Command::new(&binary)
-        .args(["-t", table.name()])
-        .env("XTABLES_LOCKFILE", lockfile)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| ApplyError::Spawn { binary: binary.clone(), source })?;
-    if !out.status.success() {
-        return Err(command_error(&binary, family, out.status, &out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn restore_noflush(backend: IptablesBackend, family: Family, payload: &str, lockfile: &Path) -> Result<(), ApplyError> {
-    let binary = backend.binary(family, "restore");
-    tracing::debug!(%binary, %family, payload, "running iptables-restore --noflush");
-    let spawn_err = |source| ApplyError::Spawn { binary: binary.clone(), source };
-    let mut child = Command::new(&binary)
-        .args(["--noflush", "--wait"])
-        .env("XTABLES_LOCKFILE", lockfile)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(spawn_err)?;
-    let written = child.stdin.take().map(|mut stdin| stdin.write_all(payload.as_bytes()));
-    let out = child.wait_with_output().map_err(spawn_err)?;
-    if !out.status.success() {
-        return Err(command_error(&binary, family, out.status, &out.stderr));
-    }
-    if let Some(Err(source)) = written {
-        return Err(spawn_err(source));
-    }
-    Ok(())
 }

@@ -3,11 +3,11 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 
 use crate::model::Family;
-use crate::nft::attr::Writer;
-use crate::nft::socket::open;
+use crate::nft::attr::{attrs, c_string, ip_addr, Writer};
+use crate::nft::netlink_dump::{exchange, End, Steps, NLM_F_DUMP, NLM_F_REQUEST};
+use crate::nft::NftError;
 
 const NFNL_SUBSYS_IPSET: u16 = 6;
 const IPSET_CMD_CREATE: u16 = 2;
@@ -32,16 +32,9 @@ const IPSET_FLAG_WITH_COMMENT: u32 = 1 << 4;
 /// hash:ip revision 4 (comments, counters, forceadd, skbinfo): every kernel since 4.3 has it.
 const HASH_IP_REVISION: u8 = 4;
 const NLA_F_NET_BYTEORDER: u16 = 0x4000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
-const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLMSG_HDRLEN: usize = 16;
-const NFGENMSG_LEN: usize = 4;
 
 /// A failed ipset request: what was asked and the kernel's answer (ipset's own codes are above 4096).
 #[derive(Debug, thiserror::Error)]
@@ -128,18 +121,15 @@ pub(crate) fn list(name: &str) -> Result<Vec<(IpAddr, Option<String>)>, IpsetErr
     let mut w = Writer::default();
     header(&mut w, IPSET_CMD_LIST, NLM_F_DUMP, name, |_| {});
     let mut out = Vec::new();
-    exchange(&w, &format!("list {name}"), |msg| {
+    ipset_exchange(&w, &format!("list {name}"), |msg| {
         for (_, adt) in attrs(msg).filter(|(t, _)| *t == IPSET_ATTR_ADT) {
             for (_, data) in attrs(adt).filter(|(t, _)| *t == IPSET_ATTR_DATA) {
                 let mut ip = None;
                 let mut comment = None;
                 for (ty, value) in attrs(data) {
                     match ty {
-                        IPSET_ATTR_IP => ip = attrs(value).find_map(|(_, v)| addr(v)),
-                        IPSET_ATTR_COMMENT => {
-                            let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
-                            comment = Some(String::from_utf8_lossy(&value[..end]).into_owned());
-                        }
+                        IPSET_ATTR_IP => ip = attrs(value).find_map(|(_, v)| ip_addr(v)),
+                        IPSET_ATTR_COMMENT => comment = Some(c_string(value)),
                         _ => {}
                     }
                 }
@@ -152,69 +142,19 @@ pub(crate) fn list(name: &str) -> Result<Vec<(IpAddr, Option<String>)>, IpsetErr
     Ok(out)
 }
 
-fn addr(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
-        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
-        _ => None,
-    }
-}
-
-fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if data.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
-        let ty = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > data.len() {
-            return None;
-        }
-        let payload = &data[4..len];
-        data = &data[((len + 3) & !3).min(data.len())..];
-        Some((ty, payload))
-    })
-}
-
 fn request(w: &Writer, what: String) -> Result<(), IpsetError> {
-    exchange(w, &what, |_| {})
+    ipset_exchange(w, &what, |_| {})
 }
 
 /// Sends one request and reads answers until the ack (or dump end), handing each data message's attributes
 /// to `each`.
-fn exchange(w: &Writer, what: &str, mut each: impl FnMut(&[u8])) -> Result<(), IpsetError> {
+fn ipset_exchange(w: &Writer, what: &str, mut each: impl FnMut(&[u8])) -> Result<(), IpsetError> {
     let err = |errno: i32| IpsetError { what: what.to_string(), errno };
-    let os_err = || err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
-    let fd = open().map_err(|_| os_err())?;
-    let bytes = w.bytes();
-    // SAFETY: `bytes` is a valid buffer of the given length.
-    if unsafe { libc::send(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) } < 0 {
-        return Err(os_err());
-    }
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // SAFETY: `buf` is writable for its length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(os_err());
-        }
-        let mut data = &buf[..n as usize];
-        while data.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
-            let ty = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
-            if len < NLMSG_HDRLEN || len > data.len() {
-                break;
-            }
-            match ty {
-                NLMSG_DONE => return Ok(()),
-                NLMSG_ERROR => {
-                    let code = -i32::from_ne_bytes(data[16..20].try_into().expect("4 bytes"));
-                    return if code == 0 { Ok(()) } else { Err(err(code)) };
-                }
-                _ if len >= NLMSG_HDRLEN + NFGENMSG_LEN => each(&data[NLMSG_HDRLEN + NFGENMSG_LEN..len]),
-                _ => {}
-            }
-            data = &data[(len + 3) & !3..];
-        }
+    let steps = Steps { send: "send ipset request", receive: "receive ipset answer" };
+    match exchange(w.bytes(), steps, |_, msg| each(msg)) {
+        Ok(End::Done | End::Errno(0)) => Ok(()),
+        Ok(End::Errno(errno)) => Err(err(errno)),
+        Err(NftError::Socket { source, .. }) => Err(err(source.raw_os_error().unwrap_or(libc::EIO))),
+        Err(_) => Err(err(libc::EIO)),
     }
 }

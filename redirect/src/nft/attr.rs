@@ -1,7 +1,12 @@
-//! Netlink message and attribute encoding for nfnetlink batches (native byte order headers, 4-byte alignment).
+//! Netlink message and attribute encoding for nfnetlink batches (native byte order headers, 4-byte alignment),
+//! and reading attributes back from the kernel's answers.
+
+use std::net::IpAddr;
 
 /// Flag on attributes that contain attributes.
 const NLA_F_NESTED: u16 = 0x8000;
+/// The attribute type without the nested / byte-order flags.
+const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// A buffer of netlink messages being built.
 #[derive(Default)]
@@ -90,6 +95,38 @@ impl Writer {
     }
 }
 
+/// Iterates the netlink attributes of `data` as (type without flags, payload); stops at a malformed one.
+pub(crate) fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if data.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
+        let ty = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > data.len() {
+            return None;
+        }
+        let payload = &data[4..len];
+        data = &data[((len + 3) & !3).min(data.len())..];
+        Some((ty, payload))
+    })
+}
+
+/// A string payload up to its first NUL (or its end).
+pub(crate) fn c_string(payload: &[u8]) -> String {
+    let end = payload.iter().position(|b| *b == 0).unwrap_or(payload.len());
+    String::from_utf8_lossy(&payload[..end]).into_owned()
+}
+
+/// An IPv4 (4 bytes) or IPv6 (16 bytes) address payload.
+pub(crate) fn ip_addr(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +146,18 @@ mod tests {
         assert_eq!(w.bytes().len(), 16 + 4 + 8);
         assert_eq!(u32::from_ne_bytes(w.bytes()[0..4].try_into().unwrap()), 28);
         assert_eq!(&w.bytes()[20..28], &[8, 0, 1, 0, 0, 0, 0, 5]);
+    }
+
+    #[test]
+    fn written_attributes_read_back() {
+        let mut w = Writer::default();
+        w.nest(1, |w| w.string(2, "lo"));
+        w.put(3, &[10, 0, 0, 1]);
+        let read: Vec<(u16, &[u8])> = attrs(w.bytes()).collect();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[0].0, 1, "nested flag masked off");
+        let inner: Vec<(u16, &[u8])> = attrs(read[0].1).collect();
+        assert_eq!((inner[0].0, c_string(inner[0].1)), (2, "lo".to_string()));
+        assert_eq!(ip_addr(read[1].1), Some("10.0.0.1".parse().unwrap()));
     }
 }

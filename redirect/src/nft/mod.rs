@@ -11,6 +11,7 @@ pub mod layout;
 mod list;
 mod merge;
 mod msg;
+pub(crate) mod netlink_dump;
 pub mod set;
 pub(crate) mod socket;
 pub mod stmt;

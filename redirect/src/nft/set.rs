@@ -3,12 +3,12 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 
-use super::attr::Writer;
+use super::attr::{attrs, c_string, ip_addr, Writer};
 use super::layout::NftChain;
 use super::msg::{transaction, Object, NLM_F_CREATE};
-use super::socket::{commit, open};
+use super::netlink_dump::{exchange, End, Steps, NLM_F_DUMP, NLM_F_REQUEST};
+use super::socket::commit;
 use super::stmt::Stmt;
 use super::NftError;
 use crate::model::Family;
@@ -35,13 +35,6 @@ const TYPE_IPADDR: u32 = 7;
 const TYPE_IP6ADDR: u32 = 8;
 /// libnftnl's element user-data TLV type of a comment (NFTNL_UDATA_SET_ELEM_COMMENT).
 const UDATA_ELEM_COMMENT: u8 = 0;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLMSG_HDRLEN: usize = 16;
-const NFGENMSG_LEN: usize = 4;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 const NFPROTO_INET: u8 = 1;
 const FIRST_SEQ: u32 = 1;
 
@@ -143,70 +136,21 @@ fn element(w: &mut Writer, e: &Element, delete: bool) {
 
 /// Every element of `set` in `table` of the calling thread's netns; `Ok(None)` if the set does not exist.
 pub(crate) fn elements(table: &str, set: &str) -> Result<Option<Vec<Element>>, NftError> {
-    let fd = open()?;
     let mut w = Writer::default();
     w.message((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM, NLM_F_REQUEST | NLM_F_DUMP, 1, NFPROTO_INET, 0, |w| {
         w.string(NFTA_SET_ELEM_LIST_TABLE, table);
         w.string(NFTA_SET_ELEM_LIST_SET, set);
     });
-    let bytes = w.bytes();
-    // SAFETY: `bytes` is a valid buffer of the given length.
-    if unsafe { libc::send(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) } < 0 {
-        return Err(NftError::Socket { what: "send set element dump request", source: io::Error::last_os_error() });
-    }
+    let steps = Steps { send: "send set element dump request", receive: "receive set element dump" };
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // SAFETY: `buf` is writable for its length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(NftError::Socket { what: "receive set element dump", source: io::Error::last_os_error() });
-        }
-        let mut data = &buf[..n as usize];
-        while data.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
-            let ty = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
-            if len < NLMSG_HDRLEN || len > data.len() {
-                break;
-            }
-            match ty {
-                NLMSG_DONE => return Ok(Some(out)),
-                NLMSG_ERROR => {
-                    let code = -i32::from_ne_bytes(data[16..20].try_into().expect("4 bytes"));
-                    if code == 0 {
-                        return Ok(Some(out));
-                    }
-                    if code == libc::ENOENT {
-                        return Ok(None);
-                    }
-                    let source = io::Error::from_raw_os_error(code);
-                    return Err(NftError::Rejected { object: format!("dump of set inet {table} {set}"), source });
-                }
-                _ if len >= NLMSG_HDRLEN + NFGENMSG_LEN => {
-                    parse_elements(&data[NLMSG_HDRLEN + NFGENMSG_LEN..len], &mut out);
-                }
-                _ => {}
-            }
-            data = &data[(len + 3) & !3..];
-        }
+    match exchange(w.bytes(), steps, |_, msg| parse_elements(msg, &mut out))? {
+        End::Done | End::Errno(0) => Ok(Some(out)),
+        End::Errno(libc::ENOENT) => Ok(None),
+        End::Errno(errno) => Err(NftError::Rejected {
+            object: format!("dump of set inet {table} {set}"),
+            source: io::Error::from_raw_os_error(errno),
+        }),
     }
-}
-
-/// Iterates the netlink attributes of `data` as (type without flags, payload).
-fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if data.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
-        let ty = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > data.len() {
-            return None;
-        }
-        let payload = &data[4..len];
-        data = &data[((len + 3) & !3).min(data.len())..];
-        Some((ty, payload))
-    })
 }
 
 fn parse_elements(msg: &[u8], out: &mut Vec<Element>) {
@@ -217,7 +161,7 @@ fn parse_elements(msg: &[u8], out: &mut Vec<Element>) {
             for (ty, value) in attrs(elem) {
                 match ty {
                     NFTA_SET_ELEM_KEY => {
-                        addr = attrs(value).find(|(t, _)| *t == NFTA_DATA_VALUE).and_then(|(_, v)| ip(v));
+                        addr = attrs(value).find(|(t, _)| *t == NFTA_DATA_VALUE).and_then(|(_, v)| ip_addr(v));
                     }
                     NFTA_SET_ELEM_USERDATA => comment = udata_comment(value),
                     _ => {}
@@ -230,21 +174,12 @@ fn parse_elements(msg: &[u8], out: &mut Vec<Element>) {
     }
 }
 
-fn ip(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
-        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
-        _ => None,
-    }
-}
-
 fn udata_comment(mut data: &[u8]) -> Option<String> {
     while data.len() >= 2 {
         let (ty, len) = (data[0], usize::from(data[1]));
         let value = data.get(2..2 + len)?;
         if ty == UDATA_ELEM_COMMENT {
-            let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
-            return Some(String::from_utf8_lossy(&value[..end]).into_owned());
+            return Some(c_string(value));
         }
         data = &data[2 + len..];
     }

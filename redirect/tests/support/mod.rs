@@ -43,6 +43,21 @@ impl TestNetns {
         argv.extend_from_slice(args);
         self.guard.exec_ok(&argv);
     }
+
+    /// Loads the `golden` nft transaction into a fresh netns and asserts this netns holds the same (normalised)
+    /// ruleset; `name` labels the failure, which shows the difference and both rulesets.
+    pub fn assert_matches_golden(&self, name: &str, golden: &Path) {
+        let reference = TestNetns::new();
+        reference.nft_file(golden);
+        let (expected, actual) = (reference.ruleset(), self.ruleset());
+        assert!(
+            expected == actual,
+            "{name}: kernel state differs from the golden\n{}\n--- ours:\n{}\n--- golden:\n{}",
+            diff(&expected, &actual),
+            self.text(),
+            reference.text()
+        );
+    }
 }
 
 /// `table/chain` -> chain properties then its rules, each rule as sorted match conditions and statements.
