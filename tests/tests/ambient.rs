@@ -8,7 +8,7 @@ use tests::install_cni::eventually;
 use tests::mesh::{plain_pod, RuleBackend, INBOUND_PORT, OUTBOUND_PORT};
 use tests::node_agent::{
     ambient_conflist, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, Reply, RequestKind, ZdsPeer,
-    PROBE_SNAT_V4, PROXY_MARK,
+    DATAPLANE_MODE, PROBE_SNAT_V4, PROXY_MARK,
 };
 use tests::runtime::RuntimeError;
 use tests::{Cluster, Pod};
@@ -71,6 +71,28 @@ fn add_returns_after_the_proxy_got_the_pod_netns_and_the_pod_is_redirected() {
         let chain = if backend == RuleBackend::Nftables { "istio-ambient" } else { "ISTIO_PRERT" };
         assert!(rules.contains(chain), "{backend:?}: no {chain} in the pod netns:\n{rules}");
     }
+}
+
+#[test]
+fn pods_of_a_labelled_namespace_are_enrolled_unless_they_opt_out() {
+    let (c, agent) = setup(RuleBackend::Nftables);
+    c.api.upsert(namespace("mesh", json!({ DATAPLANE_MODE: "ambient" }))).expect("store namespace");
+    let peer = ZdsPeer::connect(&agent);
+    let list = ambient_conflist(&c);
+
+    c.create(&plain_pod("mesh", "web"));
+    let web = c.node.try_add_pod_with(list.clone(), "web", "mesh").expect("ADD of mesh/web");
+    let adds = peer.received_for(RequestKind::Add, &uid(&c, "mesh", "web"));
+    assert_eq!(adds.len(), 1, "{:?}", peer.received());
+    assert_eq!(adds[0].fds, vec![netns_id(&web.netns)]);
+    assert_eq!(redirection(&c, "mesh", "web").as_deref(), Some("enabled"));
+
+    let mut opted_out = plain_pod("mesh", "batch");
+    opted_out["metadata"]["labels"] = json!({ DATAPLANE_MODE: "none" });
+    c.create(&opted_out);
+    let _batch = c.node.try_add_pod_with(list, "batch", "mesh").expect("ADD of mesh/batch");
+    assert!(peer.received_for(RequestKind::Add, &uid(&c, "mesh", "batch")).is_empty(), "{:?}", peer.received());
+    assert_eq!(redirection(&c, "mesh", "batch"), None);
 }
 
 #[test]
@@ -150,6 +172,23 @@ fn add_fails_closed_when_the_agent_is_not_running() {
 }
 
 #[test]
+fn after_the_agent_stops_enrolled_pods_keep_their_rules_and_new_pods_fail_closed() {
+    let (c, mut agent) = setup(RuleBackend::Nftables);
+    let peer = ZdsPeer::connect(&agent);
+    let web = run(&c, &ambient_pod(NS, "web"));
+    let status = agent.terminate();
+    assert!(status.success(), "node-agent exits cleanly on SIGTERM: {status}\n{}", agent.log());
+
+    let proxy = tests::tcp::listen_in(peer.netns(&uid(&c, NS, "web")), OUTBOUND_PORT, false);
+    web.netns.connect_tcp(SocketAddr::V4(v4(c.node.gateway(), APP_PORT)), None).expect("app connects");
+    assert_eq!(proxy.accepted().original_dst, Some(v4(c.node.gateway(), APP_PORT)), "still redirected");
+
+    let msg = plugin_msg(create(&c, &ambient_pod(NS, "late")));
+    assert!(msg.contains("pluginevent.sock"), "the error names the agent socket: {msg}");
+    assert_eq!(redirection(&c, NS, "late"), None);
+}
+
+#[test]
 fn host_connections_to_an_enrolled_pod_come_from_the_probe_address() {
     for backend in [RuleBackend::Nftables, RuleBackend::IptablesNft] {
         eprintln!("--- backend {backend:?}");
@@ -174,6 +213,9 @@ fn a_pod_deleted_through_the_api_is_removed_from_the_proxy_and_the_probe_set() {
     eventually("the proxy receives DelWorkload", || {
         (!peer.received_for(RequestKind::Del, &id).is_empty()).then_some(())
     });
+    // Gone from the agent's cache: a proxy connecting now gets an empty snapshot.
+    let fresh = ZdsPeer::connect(&agent);
+    assert_eq!(fresh.received().len(), 1, "only SnapshotSent: {:?}", fresh.received());
     // The in-pod rules stay (the netns goes away with the pod), so the host's connection lands on 15006,
     // now from the node's own address.
     let proxy = tests::tcp::listen_in(peer.netns(&id), INBOUND_PORT, false);
