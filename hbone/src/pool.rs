@@ -1,0 +1,375 @@
+//! The HBONE client: CONNECT streams multiplexed over pooled mTLS HTTP/2 connections, one pool entry per
+//! (source identity, destination identity, destination address).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::ca::WorkloadCert;
+use crate::headers::{self, Baggage};
+use crate::identity::Identity;
+use crate::keepalive::{self, Keepalive};
+use crate::settings;
+use crate::stream::H2Stream;
+use crate::tls::{MeshTls, TlsError};
+
+/// Pool limits and timers.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Streams per connection at most (the peer's SETTINGS limit applies too).
+    pub max_streams_per_connection: usize,
+    /// A connection without streams for this long is closed.
+    pub idle_timeout: Duration,
+    /// Dialling (TCP, TLS and HTTP/2 handshakes) must finish within this.
+    pub connect_timeout: Duration,
+    /// PING keepalive on every connection.
+    pub keepalive: Keepalive,
+}
+
+impl Default for PoolConfig {
+    /// ztunnel's values: 100 streams, 5 min idle, 10 s connect timeout, default keepalive.
+    fn default() -> Self {
+        PoolConfig {
+            max_streams_per_connection: 100,
+            idle_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            keepalive: Keepalive::default(),
+        }
+    }
+}
+
+/// One tunnel to open: who we are, where to go, whom we expect there, and what to ask for.
+#[derive(Debug, Clone)]
+pub struct ConnectRequest {
+    /// The source workload's certificate (its identity keys the pool).
+    pub src: Arc<WorkloadCert>,
+    /// The original client address, sent as `forwarded`.
+    pub src_addr: SocketAddr,
+    /// Where the destination's HBONE server listens (`ip:15008`).
+    pub dst: SocketAddr,
+    /// The identity the destination must prove.
+    pub dst_identity: Identity,
+    /// The target the server should connect to (`:authority`, `ip:port`).
+    pub authority: SocketAddr,
+    /// The source workload description sent as `baggage`.
+    pub baggage: Baggage,
+    /// Any further request headers.
+    pub extra_headers: HeaderMap,
+}
+
+/// Why a tunnel could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// TCP connect to the destination's HBONE port failed.
+    #[error("connecting to {dst}: {source}")]
+    Tcp {
+        /// The HBONE address dialled.
+        dst: SocketAddr,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The TLS handshake failed, e.g. the server is not the expected identity.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// Dialling did not finish within the connect timeout.
+    #[error("connecting to {0} timed out")]
+    Timeout(SocketAddr),
+    /// HTTP/2 failed (handshake, stream refused, connection lost).
+    #[error("HTTP/2 with {dst}: {source}")]
+    H2 {
+        /// The HBONE address dialled.
+        dst: SocketAddr,
+        /// The underlying error.
+        source: h2::Error,
+    },
+    /// The server answered CONNECT with a non-200 status.
+    #[error("{dst} answered CONNECT {authority} with {status}")]
+    Status {
+        /// The HBONE address dialled.
+        dst: SocketAddr,
+        /// The requested target.
+        authority: SocketAddr,
+        /// The status received.
+        status: StatusCode,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    src: Identity,
+    dst_identity: Identity,
+    dst: SocketAddr,
+}
+
+struct Conn {
+    id: u64,
+    send: h2::client::SendRequest<Bytes>,
+    /// Streams currently open (or reserved) on this connection.
+    active: watch::Sender<usize>,
+    /// Set once the connection may no longer take streams.
+    closed: AtomicBool,
+}
+
+impl Conn {
+    fn try_reserve(self: &Arc<Self>, max: usize) -> Option<StreamSlot> {
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        let limit = max.min(self.send.current_max_send_streams());
+        let mut reserved = false;
+        self.active.send_if_modified(|n| {
+            reserved = *n < limit;
+            if reserved {
+                *n += 1;
+            }
+            reserved
+        });
+        reserved.then(|| StreamSlot { conn: self.clone() })
+    }
+}
+
+/// A reserved stream on a pooled connection, given back when the tunnel is dropped.
+pub(crate) struct StreamSlot {
+    conn: Arc<Conn>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.conn.active.send_modify(|n| *n -= 1);
+    }
+}
+
+type Conns = HashMap<PoolKey, Vec<Arc<Conn>>>;
+
+struct Inner {
+    tls: MeshTls,
+    config: PoolConfig,
+    conns: Mutex<Conns>,
+    /// One dial at a time per key, so concurrent first connects share one handshake.
+    dialing: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
+    next_id: AtomicU64,
+}
+
+/// The HBONE client. Cloning shares the pool.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("connections", &self.connection_count()).finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// A pool dialling with `tls`'s mesh policy.
+    pub fn new(tls: MeshTls, config: PoolConfig) -> Self {
+        Pool {
+            inner: Arc::new(Inner {
+                tls,
+                config,
+                conns: Mutex::new(HashMap::new()),
+                dialing: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// How many connections the pool holds open (for config dumps and tests).
+    pub fn connection_count(&self) -> usize {
+        self.conns().values().map(Vec::len).sum()
+    }
+
+    /// Opens a tunnel: reuses a pooled connection with a free stream or dials one (concurrent first
+    /// dials for the same key share one handshake), sends CONNECT and waits for 200.
+    pub async fn connect(&self, req: &ConnectRequest) -> Result<H2Stream, ConnectError> {
+        let key = PoolKey { src: req.src.identity().clone(), dst_identity: req.dst_identity.clone(), dst: req.dst };
+        let slot = self.slot(&key, &req.src).await?;
+        let send = slot.conn.send.clone();
+        let request = build_request(req);
+        let h2_err = |source| ConnectError::H2 { dst: req.dst, source };
+        let mut send = send.ready().await.map_err(h2_err)?;
+        let (response, body) = send.send_request(request, false).map_err(h2_err)?;
+        let response = response.await.map_err(h2_err)?;
+        if response.status() != StatusCode::OK {
+            return Err(ConnectError::Status { dst: req.dst, authority: req.authority, status: response.status() });
+        }
+        Ok(H2Stream::new(body, response.into_body(), Some(slot)))
+    }
+
+    fn conns(&self) -> std::sync::MutexGuard<'_, Conns> {
+        self.inner.conns.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn reserve(&self, key: &PoolKey) -> Option<StreamSlot> {
+        let max = self.inner.config.max_streams_per_connection;
+        self.conns().get(key)?.iter().find_map(|conn| conn.try_reserve(max))
+    }
+
+    async fn slot(&self, key: &PoolKey, src: &WorkloadCert) -> Result<StreamSlot, ConnectError> {
+        if let Some(slot) = self.reserve(key) {
+            return Ok(slot);
+        }
+        let gate = self
+            .inner
+            .dialing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let result = self.slot_gated(key, src, &gate).await;
+        let mut dialing = self.inner.dialing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Forget the gate once nobody else waits on it (the map and we hold the only references).
+        if Arc::strong_count(&gate) == 2 {
+            dialing.remove(key);
+        }
+        result
+    }
+
+    async fn slot_gated(
+        &self,
+        key: &PoolKey,
+        src: &WorkloadCert,
+        gate: &tokio::sync::Mutex<()>,
+    ) -> Result<StreamSlot, ConnectError> {
+        let _dialing = gate.lock().await;
+        // Whoever held the gate before us may have dialled a connection with room for us.
+        if let Some(slot) = self.reserve(key) {
+            return Ok(slot);
+        }
+        let conn = tokio::time::timeout(self.inner.config.connect_timeout, self.dial(key, src))
+            .await
+            .map_err(|_| ConnectError::Timeout(key.dst))??;
+        let slot = conn
+            .try_reserve(self.inner.config.max_streams_per_connection)
+            .ok_or_else(|| ConnectError::H2 { dst: key.dst, source: h2::Error::from(h2::Reason::REFUSED_STREAM) })?;
+        Ok(slot)
+    }
+
+    async fn dial(&self, key: &PoolKey, src: &WorkloadCert) -> Result<Arc<Conn>, ConnectError> {
+        let tcp = TcpStream::connect(key.dst).await.map_err(|source| ConnectError::Tcp { dst: key.dst, source })?;
+        let _ = tcp.set_nodelay(true);
+        let tls = self.inner.tls.connect(tcp, src, &key.dst_identity).await?;
+        let (send, mut connection) =
+            settings::client().handshake(tls).await.map_err(|source| ConnectError::H2 { dst: key.dst, source })?;
+        let (active, _) = watch::channel(0);
+        let conn = Arc::new(Conn {
+            id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
+            send,
+            active,
+            closed: AtomicBool::new(false),
+        });
+        tracing::debug!(dst = %key.dst, identity = %key.dst_identity, id = conn.id, "HBONE connection established");
+        // Pooled before its driver starts, so the driver's removal can never precede the insertion.
+        self.conns().entry(key.clone()).or_default().push(conn.clone());
+        let ping_pong = connection.ping_pong();
+        let driver = Driver { pool: Arc::downgrade(&self.inner), key: key.clone(), conn: conn.clone() };
+        let keepalive = self.inner.config.keepalive;
+        let idle_timeout = self.inner.config.idle_timeout;
+        tokio::spawn(async move {
+            let mut active = driver.conn.active.subscribe();
+            let alive = keepalive::until_unresponsive(ping_pong, keepalive);
+            tokio::pin!(connection, alive);
+            loop {
+                tokio::select! {
+                    result = &mut connection => {
+                        if let Err(e) = result {
+                            tracing::debug!(dst = %driver.key.dst, error = %e, "HBONE connection ended");
+                        }
+                        break;
+                    }
+                    () = &mut alive => {
+                        tracing::warn!(dst = %driver.key.dst, "HBONE connection unresponsive to PING, dropping it");
+                        break;
+                    }
+                    () = idle(&mut active, idle_timeout) => {
+                        if driver.retire_if_idle() {
+                            tracing::debug!(dst = %driver.key.dst, "closing idle HBONE connection");
+                            break;
+                        }
+                    }
+                }
+            }
+            driver.retire();
+        });
+        Ok(conn)
+    }
+}
+
+/// Resolves once the stream count has stayed at zero for `timeout`.
+async fn idle(active: &mut watch::Receiver<usize>, timeout: Duration) {
+    loop {
+        if *active.borrow_and_update() == 0 {
+            if tokio::time::timeout(timeout, active.changed()).await.is_err() {
+                return;
+            }
+        } else if active.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// The task side of a pooled connection: takes it out of the pool when it ends.
+struct Driver {
+    pool: Weak<Inner>,
+    key: PoolKey,
+    conn: Arc<Conn>,
+}
+
+impl Driver {
+    fn retire_if_idle(&self) -> bool {
+        let Some(pool) = self.pool.upgrade() else {
+            return true;
+        };
+        // Under the pool lock no stream can be reserved between the check and the removal.
+        let mut conns = pool.conns.lock().unwrap_or_else(|p| p.into_inner());
+        if *self.conn.active.borrow() != 0 {
+            return false;
+        }
+        self.conn.closed.store(true, Ordering::Release);
+        remove(&mut conns, &self.key, self.conn.id);
+        true
+    }
+
+    fn retire(&self) {
+        self.conn.closed.store(true, Ordering::Release);
+        if let Some(pool) = self.pool.upgrade() {
+            let mut conns = pool.conns.lock().unwrap_or_else(|p| p.into_inner());
+            remove(&mut conns, &self.key, self.conn.id);
+        }
+    }
+}
+
+fn remove(conns: &mut Conns, key: &PoolKey, id: u64) {
+    if let Some(list) = conns.get_mut(key) {
+        list.retain(|c| c.id != id);
+        if list.is_empty() {
+            conns.remove(key);
+        }
+    }
+}
+
+fn build_request(req: &ConnectRequest) -> Request<()> {
+    let mut request = Request::builder()
+        .method(Method::CONNECT)
+        .uri(req.authority.to_string())
+        .body(())
+        .expect("an ip:port authority is a valid CONNECT target");
+    let headers = request.headers_mut();
+    headers.extend(req.extra_headers.clone());
+    headers.insert(http::header::FORWARDED, headers::forwarded(req.src_addr));
+    if let Ok(baggage) = http::HeaderValue::from_str(&req.baggage.header_value()) {
+        headers.insert("baggage", baggage);
+    }
+    headers.insert("traceparent", headers::traceparent());
+    request
+}
