@@ -255,3 +255,18 @@ fn a_reused_ip_keeps_the_new_pods_probe_entry() {
         assert_eq!(app.accepted().peer.ip(), std::net::IpAddr::V4(PROBE_SNAT_V4), "{backend:?}: entry kept");
     }
 }
+
+#[test]
+fn a_host_without_iptables_or_nft_enrolls_ambient_pods_with_native_nftables() {
+    let cluster = Cluster::with_backend(RuleBackend::Nftables);
+    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+    // Nothing at all can be found on the agent's PATH: no iptables, no nft, no ipset, no shell.
+    let empty = tempfile::tempdir().unwrap();
+    let agent = NodeAgent::start(&cluster, &[("PATH", empty.path().to_str().unwrap())]);
+    let peer = ZdsPeer::connect(&agent);
+    let pod = run(&cluster, &ambient_pod(NS, "bare"));
+    let id = uid(&cluster, NS, "bare");
+    assert_eq!(peer.received_for(RequestKind::Add, &id).len(), 1);
+    assert_eq!(redirection(&cluster, NS, "bare").as_deref(), Some("enabled"));
+    assert!(RuleBackend::Nftables.dump(&pod.netns).contains("istio-ambient-nat"));
+}
