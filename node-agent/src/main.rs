@@ -15,7 +15,7 @@ use clap::Parser as _;
 use daemon::drain::{Drain, DrainMode};
 use daemon::probes::ProbeState;
 use prometheus_client::registry::Registry;
-use redirect::backend::{Backend, HostBackends};
+use redirect::backend::Backend;
 use redirect::hostprobe::{find_kubelet_uid, HostProbe, HostProbeConfig};
 use zds::server::{ServerConfig, ZdsServer};
 
@@ -51,14 +51,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let backend = Backend::select(config.native_nftables, config.force_iptables_binary.as_deref())?;
     tracing::info!(%backend, "in-pod rules backend");
-    match HostBackends::probe() {
-        Ok(host) => {
-            for (other, tables) in host.others(backend) {
-                tracing::warn!(chosen = %backend, %other, ?tables, "the host also has rules in another packet-filter backend");
-            }
-        }
-        Err(e) => tracing::debug!(error = %e, "cannot list the host's packet-filter tables"),
-    }
+    redirect::backend::warn_if_mixed(backend);
     let probe_config = HostProbeConfig {
         enable_ipv6: config.ambient_ipv6,
         kubelet_uid: find_kubelet_uid(&config.host_proc).unwrap_or(0),

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use cni::plugin_event::CmdAdd;
 use cni::{CniError, Command, ErrorCode, Invocation, Version, SUPPORTED_VERSIONS};
 use netns::Netns;
-use redirect::backend::{Backend, HostBackends};
+use redirect::backend::Backend;
 use serde_json::json;
 
 use crate::config::PluginConf;
@@ -142,7 +142,7 @@ fn add(
     let plan = redirect::sidecar::build(&sidecar::settings(&pod, has_v6)?);
     let force = conf.force_iptables_binary.as_deref().or(env.get("FORCE_IPTABLES_BINARY").map(String::as_str));
     let backend = Backend::select(conf.native_nftables, force.filter(|f| !f.is_empty())).map_err(internal)?;
-    report_other_backends(backend);
+    redirect::backend::warn_if_mixed(backend);
     if let Err(e) = backend.apply(&netns, &plan) {
         // Never leave half a rule set: a pod that fails ADD is retried by the kubelet from a clean slate.
         if let Err(cleanup) = backend.remove(&netns) {
@@ -153,19 +153,6 @@ fn add(
     }
     tracing::info!(%backend, ipv6 = plan.v6.is_some(), "redirect rules programmed");
     Ok(out)
-}
-
-/// Logs the chosen backend and warns when the host also holds rules in another one: rules in one are invisible
-/// to the tools of the other, a known source of silent bypass.
-fn report_other_backends(chosen: Backend) {
-    match HostBackends::probe() {
-        Ok(host) => {
-            for (other, tables) in host.others(chosen) {
-                tracing::warn!(%chosen, %other, ?tables, "the host also has rules in another packet-filter backend");
-            }
-        }
-        Err(e) => tracing::debug!(error = %e, "cannot list the host's packet-filter tables"),
-    }
 }
 
 fn check(inv: &Invocation, conf: &PluginConf) -> Result<(), CniError> {

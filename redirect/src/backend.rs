@@ -141,6 +141,19 @@ impl HostBackends {
     }
 }
 
+/// Logs a warning for every table of the other kernel subsystem the host holds (see [`HostBackends::others`]);
+/// called by the plugin and the agent after choosing `chosen`.
+pub fn warn_if_mixed(chosen: Backend) {
+    match HostBackends::probe() {
+        Ok(host) => {
+            for (other, tables) in host.others(chosen) {
+                tracing::warn!(%chosen, %other, ?tables, "the host also has rules in another packet-filter backend");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot list the host's packet-filter tables"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
