@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -118,8 +119,22 @@ struct Conn {
 }
 
 impl Conn {
-    fn try_reserve(self: &Arc<Self>, max: usize) -> Option<StreamSlot> {
+    /// Whether the connection can still open streams: not retired, and no GOAWAY or error received
+    /// (h2 reports those through `poll_ready` without waiting).
+    fn usable(&self) -> bool {
         if self.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(Err(_)) = self.send.clone().poll_ready(&mut cx) {
+            self.closed.store(true, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    fn try_reserve(self: &Arc<Self>, max: usize) -> Option<StreamSlot> {
+        if !self.usable() {
             return None;
         }
         let limit = max.min(self.send.current_max_send_streams());
@@ -183,21 +198,27 @@ impl Pool {
         }
     }
 
-    /// How many connections the pool holds open (for config dumps and tests).
+    /// How many pooled connections can still take streams (for config dumps and tests).
     pub fn connection_count(&self) -> usize {
-        self.conns().values().map(Vec::len).sum()
+        self.conns().values().flatten().filter(|conn| conn.usable()).count()
     }
 
     /// Opens a tunnel: reuses a pooled connection with a free stream or dials one (concurrent first
     /// dials for the same key share one handshake), sends CONNECT and waits for 200.
     pub async fn connect(&self, req: &ConnectRequest) -> Result<H2Stream, ConnectError> {
         let key = PoolKey { src: req.src.identity().clone(), dst_identity: req.dst_identity.clone(), dst: req.dst };
-        let slot = self.slot(&key, &req.src).await?;
-        let send = slot.conn.send.clone();
-        let request = build_request(req);
         let h2_err = |source| ConnectError::H2 { dst: req.dst, source };
-        let mut send = send.ready().await.map_err(h2_err)?;
-        let (response, body) = send.send_request(request, false).map_err(h2_err)?;
+        let mut slot = self.slot(&key, &req.src).await?;
+        let mut send = match slot.conn.send.clone().ready().await {
+            Ok(send) => send,
+            Err(_) => {
+                // The connection got a GOAWAY or died after we picked it: retire it and use another.
+                slot.conn.closed.store(true, Ordering::Release);
+                slot = self.slot(&key, &req.src).await?;
+                slot.conn.send.clone().ready().await.map_err(h2_err)?
+            }
+        };
+        let (response, body) = send.send_request(build_request(req), false).map_err(h2_err)?;
         let response = response.await.map_err(h2_err)?;
         if response.status() != StatusCode::OK {
             return Err(ConnectError::Status { dst: req.dst, authority: req.authority, status: response.status() });

@@ -45,6 +45,14 @@ pub enum TlsError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The handshake failed because the peer's certificate was not acceptable.
+    #[error("TLS handshake with {peer}: certificate rejected: {reason}")]
+    Rejected {
+        /// The other end of the connection.
+        peer: SocketAddr,
+        /// Why the certificate was rejected.
+        reason: String,
+    },
     /// The handshake did not finish within [`HANDSHAKE_TIMEOUT`].
     #[error("TLS handshake with {0} timed out")]
     Timeout(SocketAddr),
@@ -141,7 +149,20 @@ impl MeshTls {
         tokio_rustls::TlsConnector::from(config)
             .connect(name, tcp)
             .await
-            .map_err(|source| TlsError::Handshake { peer, source })
+            .map_err(|source| handshake_error(peer, source))
+    }
+}
+
+/// Names a rejected certificate's reason in words (rustls only shows it in debug form).
+fn handshake_error(peer: SocketAddr, source: std::io::Error) -> TlsError {
+    let reason = source.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()).and_then(|e| match e {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other)) => Some(other.0.to_string()),
+        rustls::Error::InvalidCertificate(kind) => Some(format!("{kind:?}")),
+        _ => None,
+    });
+    match reason {
+        Some(reason) => TlsError::Rejected { peer, reason },
+        None => TlsError::Handshake { peer, source },
     }
 }
 
@@ -182,7 +203,7 @@ impl InboundTls {
         let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
             .await
             .map_err(|_| TlsError::Timeout(peer))?
-            .map_err(|source| TlsError::Handshake { peer, source })?;
+            .map_err(|source| handshake_error(peer, source))?;
         let leaf =
             stream.get_ref().1.peer_certificates().and_then(|certs| certs.first()).ok_or(TlsError::PeerIdentity {
                 peer,

@@ -1,0 +1,551 @@
+//! HBONE end to end on loopback: a real mTLS HTTP/2 CONNECT server in front of real TCP apps, dialled through
+//! the pool, plus raw TLS/HTTP/2 clients where the test needs to misbehave on purpose.
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hbone::{
+    Baggage, ConnectError, ConnectHandler, ConnectRequest, Identity, InboundRequest, InboundTls, MeshCa, MeshTls, Pool,
+    PoolConfig, ServeOptions, ServerCerts, TlsError, Transfer, WorkloadCert,
+};
+use http::StatusCode;
+use ring::digest::{digest, SHA256};
+use ring::rand::{SecureRandom, SystemRandom};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+const TD: &str = "cluster.local";
+const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Each test gets its own loopback IP, so certificates by IP and authority checks never collide.
+fn next_ip() -> IpAddr {
+    static NEXT: AtomicU8 = AtomicU8::new(10);
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, NEXT.fetch_add(2, Ordering::Relaxed)))
+}
+
+fn id(sa: &str) -> Identity {
+    Identity::new(TD, "ns1", sa).unwrap()
+}
+
+async fn within<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TEST_TIMEOUT, f).await.expect("test timed out")
+}
+
+struct Mesh {
+    _dir: tempfile::TempDir,
+    ca: MeshCa,
+    tls: MeshTls,
+}
+
+fn new_mesh() -> Mesh {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = MeshCa::load_or_create(dir.path(), TD).unwrap();
+    let tls = MeshTls::new(TD, ca.roots()).unwrap();
+    Mesh { _dir: dir, ca, tls }
+}
+
+/// Connects inbound tunnels to the requested target with plain TCP and reports finished transfers.
+struct TcpHandler {
+    done: mpsc::UnboundedSender<(InboundRequest, Transfer)>,
+}
+
+impl ConnectHandler for TcpHandler {
+    type Target = TcpStream;
+
+    async fn connect(&self, req: &InboundRequest) -> Result<TcpStream, StatusCode> {
+        TcpStream::connect(req.authority).await.map_err(|_| StatusCode::SERVICE_UNAVAILABLE)
+    }
+
+    fn finished(&self, req: &InboundRequest, transfer: Transfer) {
+        let _ = self.done.send((req.clone(), transfer));
+    }
+}
+
+/// An HBONE server on `ip` (ephemeral port), serving the certificate of `identity`.
+struct Server {
+    addr: SocketAddr,
+    certs: ServerCerts,
+    accepted: Arc<AtomicUsize>,
+    handshake_errors: mpsc::UnboundedReceiver<TlsError>,
+    finished: mpsc::UnboundedReceiver<(InboundRequest, Transfer)>,
+    served: mpsc::UnboundedReceiver<Result<(), hbone::ServeError>>,
+    shutdown: watch::Sender<bool>,
+}
+
+async fn start_server(mesh: &Mesh, ip: IpAddr, identity: &Identity, options: ServeOptions) -> Server {
+    let certs = ServerCerts::new();
+    certs.set(ip, &mesh.ca.mint(identity).unwrap()).unwrap();
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let inbound = InboundTls::new(mesh.tls.clone(), certs.clone());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (err_tx, handshake_errors) = mpsc::unbounded_channel();
+    let (done_tx, finished) = mpsc::unbounded_channel();
+    let (served_tx, served) = mpsc::unbounded_channel();
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let handler = Arc::new(TcpHandler { done: done_tx });
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            let (inbound, handler, err_tx, served_tx) =
+                (inbound.clone(), handler.clone(), err_tx.clone(), served_tx.clone());
+            let mut shutdown_rx = shutdown_rx.clone();
+            tokio::spawn(async move {
+                match inbound.accept(tcp).await {
+                    Ok(conn) => {
+                        let stop = async move {
+                            let _ = shutdown_rx.wait_for(|stop| *stop).await;
+                        };
+                        let _ = served_tx.send(hbone::serve(conn, handler, options, stop).await);
+                    }
+                    Err(e) => {
+                        let _ = err_tx.send(e);
+                    }
+                }
+            });
+        }
+    });
+    Server { addr, certs, accepted, handshake_errors, finished, served, shutdown }
+}
+
+/// An app on `ip` that echoes everything and closes its write side at EOF.
+async fn echo_app(ip: IpAddr) -> SocketAddr {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let (mut r, mut w) = tcp.split();
+                tokio::io::copy(&mut r, &mut w).await.unwrap();
+                w.shutdown().await.unwrap();
+            });
+        }
+    });
+    addr
+}
+
+/// An app on `ip` that reads to EOF, then answers with the byte count and SHA-256 of what it read.
+async fn digest_app(ip: IpAddr) -> SocketAddr {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut data = Vec::new();
+        tcp.read_to_end(&mut data).await.unwrap();
+        tcp.write_all(summary(&data).as_bytes()).await.unwrap();
+        tcp.shutdown().await.unwrap();
+    });
+    addr
+}
+
+fn summary(data: &[u8]) -> String {
+    format!("{} bytes sha256 {:?}", data.len(), digest(&SHA256, data).as_ref())
+}
+
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    SystemRandom::new().fill(&mut data).unwrap();
+    data
+}
+
+fn request(src: &Arc<WorkloadCert>, server: &Server, dst_identity: &Identity, authority: SocketAddr) -> ConnectRequest {
+    ConnectRequest {
+        src: src.clone(),
+        src_addr: "10.1.2.3:40000".parse().unwrap(),
+        dst: server.addr,
+        dst_identity: dst_identity.clone(),
+        authority,
+        baggage: Baggage {
+            namespace: "ns1".into(),
+            workload: Some(("deployment".into(), "client".into())),
+            ..Default::default()
+        },
+        extra_headers: Default::default(),
+    }
+}
+
+/// Sends `data` through `stream`, shuts down the write side, and returns everything read back.
+async fn exchange(stream: hbone::H2Stream, data: Vec<u8>) -> Vec<u8> {
+    let (mut r, mut w) = tokio::io::split(stream);
+    let writer = tokio::spawn(async move {
+        w.write_all(&data).await.unwrap();
+        w.shutdown().await.unwrap();
+        w
+    });
+    let mut back = Vec::new();
+    r.read_to_end(&mut back).await.unwrap();
+    writer.await.unwrap();
+    back
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_round_trip_carries_8_mib_each_way() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let app = echo_app(ip).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+
+        let stream = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+        let data = random_bytes(8 * 1024 * 1024);
+        let back = exchange(stream, data.clone()).await;
+        assert_eq!(summary(&back), summary(&data));
+
+        let (req, transfer) = server.finished.recv().await.unwrap();
+        assert_eq!((transfer.to_target, transfer.from_target), (8 << 20, 8 << 20));
+        assert!(transfer.error.is_none(), "{:?}", transfer.error);
+        assert_eq!(req.peer_identity, id("client"));
+        assert_eq!(req.authority, app);
+        assert_eq!(req.local.ip(), ip);
+        assert_eq!(req.headers["forwarded"], "for=\"10.1.2.3:40000\"");
+        assert_eq!(req.headers["baggage"], "k8s.namespace.name=ns1,k8s.deployment.name=client");
+        let traceparent = req.headers["traceparent"].to_str().unwrap();
+        assert!(traceparent.starts_with("00-") && traceparent.len() == 55, "{traceparent}");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn half_close_client_shuts_write_and_still_reads_the_answer() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let app = digest_app(ip).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+
+        let mut stream = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+        let data = random_bytes(1024 * 1024 + 17);
+        stream.write_all(&data).await.unwrap();
+        stream.shutdown().await.unwrap();
+        // The app only answers after it saw EOF, and the answer arrives after our write side closed.
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        assert_eq!(answer, summary(&data));
+    })
+    .await
+}
+
+#[tokio::test]
+async fn server_rejects_client_from_another_trust_domain_or_ca() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let app = echo_app(ip).await;
+        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+
+        let foreign = Arc::new(mesh.ca.mint(&Identity::new("other.domain", "ns1", "client").unwrap()).unwrap());
+        let result = pool.connect(&request(&foreign, &server, &id("server"), app)).await;
+        assert!(result.is_err(), "a foreign trust domain got a tunnel");
+        let err = server.handshake_errors.recv().await.unwrap().to_string();
+        assert!(err.contains("trust domain cluster.local"), "{err}");
+
+        // A client of another mesh CA (that trusts our server's roots, so only the server decides).
+        let stranger = Arc::new(new_mesh().ca.mint(&id("client")).unwrap());
+        assert!(pool.connect(&request(&stranger, &server, &id("server"), app)).await.is_err());
+        let err = server.handshake_errors.recv().await.unwrap().to_string();
+        assert!(err.contains("certificate rejected"), "{err}");
+        assert!(server.finished.try_recv().is_err(), "no tunnel was opened");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn client_refuses_server_with_the_wrong_identity() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let server = start_server(&mesh, ip, &id("impostor"), ServeOptions::default()).await;
+        let app = echo_app(ip).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+
+        let err = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap_err();
+        assert!(matches!(err, ConnectError::Tls(_)), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("is not spiffe://cluster.local/ns/ns1/sa/server"), "{text}");
+        assert!(text.contains("spiffe://cluster.local/ns/ns1/sa/impostor"), "{text}");
+    })
+    .await
+}
+
+async fn connect_status(authority: impl FnOnce(IpAddr, SocketAddr) -> SocketAddr) -> StatusCode {
+    let mesh = new_mesh();
+    let ip = next_ip();
+    let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+    let app = echo_app(ip).await;
+    let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+    let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+    let target = authority(ip, app);
+    match pool.connect(&request(&client, &server, &id("server"), target)).await {
+        Err(ConnectError::Status { status, .. }) => {
+            assert!(server.finished.try_recv().is_err(), "a refused request reached the handler's splice");
+            status
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn authority_ip_other_than_the_dialled_ip_gets_400() {
+    let status = within(connect_status(|ip, app| {
+        let IpAddr::V4(v4) = ip else { unreachable!() };
+        let other = Ipv4Addr::from(u32::from(v4) + 1);
+        SocketAddr::new(other.into(), app.port())
+    }))
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn connect_to_proxy_ports_gets_503() {
+    for port in [15001, 15006, 15008] {
+        let status = within(connect_status(|ip, _| SocketAddr::new(ip, port))).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "port {port}");
+    }
+}
+
+#[tokio::test]
+async fn app_connect_failure_gets_503() {
+    let status = within(connect_status(|ip, _| SocketAddr::new(ip, 1))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn plain_get_gets_400_and_alpn_is_h2() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let app = echo_app(ip).await;
+        let client = mesh.ca.mint(&id("client")).unwrap();
+
+        let tcp = TcpStream::connect(server.addr).await.unwrap();
+        let tls = mesh.tls.connect(tcp, &client, &id("server")).await.unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        assert_eq!(tls.get_ref().1.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_3));
+        let (send, connection) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(connection);
+        let mut send = send.ready().await.unwrap();
+        let get = http::Request::get(format!("http://{app}/")).body(()).unwrap();
+        let (response, _) = send.send_request(get, true).unwrap();
+        assert_eq!(response.await.unwrap().status(), StatusCode::BAD_REQUEST);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn client_without_h2_alpn_is_rejected() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let client = mesh.ca.mint(&id("client")).unwrap();
+        let mut config = (*mesh.tls.client_config(&client, &id("server")).unwrap()).clone();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tcp = TcpStream::connect(server.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(ip.into());
+        let result = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await;
+        assert!(result.is_err(), "handshake without h2 succeeded");
+        let err = server.handshake_errors.recv().await.unwrap().to_string();
+        assert!(err.contains("protocol"), "{err}");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn tls12_client_is_rejected() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let client = mesh.ca.mint(&id("client")).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(mesh.ca.roots()[0].clone()).unwrap();
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(&[&rustls::version::TLS12])
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_client_auth_cert(client.chain().to_vec(), client.private_key())
+                .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = TcpStream::connect(server.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(ip.into());
+        let err = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap_err().to_string();
+        assert!(err.to_lowercase().contains("version"), "{err}");
+        let server_err = server.handshake_errors.recv().await.unwrap().to_string();
+        assert!(server_err.contains("Tls12NotOffered"), "{server_err}");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn pool_reuses_one_connection_and_coalesces_concurrent_first_connects() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let app = echo_app(ip).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+
+        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+        for i in 0..3u8 {
+            let stream = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+            assert_eq!(exchange(stream, vec![i; 1000]).await, vec![i; 1000]);
+        }
+        assert_eq!(server.accepted.load(Ordering::SeqCst), 1, "sequential streams share one connection");
+
+        let fresh = Pool::new(mesh.tls.clone(), PoolConfig::default());
+        let other_client = Arc::new(mesh.ca.mint(&id("other-client")).unwrap());
+        let streams = (0..10u8).map(|i| {
+            let pool = fresh.clone();
+            let req = request(&other_client, &server, &id("server"), app);
+            tokio::spawn(async move {
+                let stream = pool.connect(&req).await.unwrap();
+                exchange(stream, vec![i; 5000]).await == vec![i; 5000]
+            })
+        });
+        let results: Vec<_> = futures_join(streams).await;
+        assert!(results.iter().all(|ok| *ok), "{results:?}");
+        assert_eq!(server.accepted.load(Ordering::SeqCst), 2, "10 concurrent first connects, one handshake");
+        assert_eq!(fresh.connection_count(), 1);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn pool_respects_the_stream_cap_and_closes_idle_connections() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let app = echo_app(ip).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let pool = Pool::new(
+            mesh.tls.clone(),
+            PoolConfig {
+                max_streams_per_connection: 2,
+                idle_timeout: Duration::from_millis(200),
+                ..Default::default()
+            },
+        );
+        let req = request(&client, &server, &id("server"), app);
+        let open =
+            [pool.connect(&req).await.unwrap(), pool.connect(&req).await.unwrap(), pool.connect(&req).await.unwrap()];
+        assert_eq!(server.accepted.load(Ordering::SeqCst), 2, "the third stream needed a second connection");
+        assert_eq!(pool.connection_count(), 2);
+        drop(open);
+        wait_until(|| pool.connection_count() == 0).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn rotated_certificate_serves_new_connections_while_old_stream_flows() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let app = echo_app(ip).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+
+        let mut old = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+        let mut buf = [0u8; 5];
+        old.write_all(b"first").await.unwrap();
+        old.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"first");
+
+        let rotated = mesh.ca.mint(&id("server")).unwrap();
+        server.certs.set(ip, &rotated).unwrap();
+
+        let tcp = TcpStream::connect(server.addr).await.unwrap();
+        let tls = mesh.tls.connect(tcp, &client, &id("server")).await.unwrap();
+        let presented = &tls.get_ref().1.peer_certificates().unwrap()[0];
+        assert_eq!(presented, &rotated.chain()[0], "a new handshake presents the rotated certificate");
+
+        old.write_all(b"after").await.unwrap();
+        old.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"after", "the stream opened before rotation keeps flowing");
+        old.shutdown().await.unwrap();
+        assert_eq!(old.read(&mut buf).await.unwrap(), 0);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn graceful_shutdown_sends_goaway_and_drains_open_streams() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let options = ServeOptions { drain_deadline: Duration::from_secs(20), ..Default::default() };
+        let mut server = start_server(&mesh, ip, &id("server"), options).await;
+        let app = echo_app(ip).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+
+        let mut open = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+        server.shutdown.send(true).unwrap();
+        // After GOAWAY the pool no longer gets streams on that connection: it dials a new one.
+        wait_until(|| pool.connection_count() == 0).await;
+
+        let mut buf = [0u8; 5];
+        open.write_all(b"drain").await.unwrap();
+        open.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"drain", "the open stream still flows while draining");
+        open.shutdown().await.unwrap();
+        assert_eq!(open.read(&mut buf).await.unwrap(), 0);
+        drop(open);
+        server.served.recv().await.unwrap().expect("drained before the deadline");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn drain_deadline_cuts_streams_that_do_not_finish() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let options = ServeOptions { drain_deadline: Duration::from_millis(300), ..Default::default() };
+        let mut server = start_server(&mesh, ip, &id("server"), options).await;
+        let app = echo_app(ip).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+
+        let mut open = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+        server.shutdown.send(true).unwrap();
+        let served = server.served.recv().await.unwrap();
+        assert!(matches!(served, Err(hbone::ServeError::DrainDeadline(_))), "{served:?}");
+        let mut buf = [0u8; 1];
+        assert!(open.read(&mut buf).await.map(|n| n == 0).unwrap_or(true), "the cut stream ends");
+    })
+    .await
+}
+
+async fn futures_join<T: Send + 'static>(handles: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for handle in handles.collect::<Vec<_>>() {
+        out.push(handle.await.unwrap());
+    }
+    out
+}
+
+async fn wait_until(mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "condition not met within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
