@@ -10,6 +10,7 @@ pub mod mesh;
 pub mod netns_guard;
 pub mod node;
 pub mod node_agent;
+pub mod pod_process;
 pub mod podman;
 pub mod runtime;
 pub mod spy;
