@@ -108,7 +108,7 @@ fn a_plain_pod_is_not_enrolled() {
 
 #[test]
 fn outbound_lands_on_a_15001_listener_opened_from_the_received_fd_and_proxy_marked_traffic_is_not_redirected() {
-    for backend in [RuleBackend::Nftables, RuleBackend::IptablesNft] {
+    for backend in RuleBackend::ALL {
         eprintln!("--- backend {backend:?}");
         let (c, agent) = setup(backend);
         let peer = ZdsPeer::connect(&agent);
@@ -131,17 +131,20 @@ fn outbound_lands_on_a_15001_listener_opened_from_the_received_fd_and_proxy_mark
 
 #[test]
 fn inbound_to_an_ambient_pod_lands_on_15006() {
-    let (c, agent) = setup(RuleBackend::Nftables);
-    let peer = ZdsPeer::connect(&agent);
-    let web = run(&c, &ambient_pod(NS, "web"));
-    let db = run(&c, &plain_pod(NS, "db"));
+    for backend in RuleBackend::ALL {
+        eprintln!("--- backend {backend:?}");
+        let (c, agent) = setup(backend);
+        let peer = ZdsPeer::connect(&agent);
+        let web = run(&c, &ambient_pod(NS, "web"));
+        let db = run(&c, &plain_pod(NS, "db"));
 
-    let proxy = tests::tcp::listen_in(peer.netns(&uid(&c, NS, "web")), INBOUND_PORT, false);
-    db.netns.connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("db connects to web");
-    let got = proxy.accepted();
-    assert_eq!(got.local.port(), INBOUND_PORT);
-    assert_eq!(got.original_dst, Some(v4(web.ip, APP_PORT)), "original destination");
-    assert_eq!(got.peer.ip(), std::net::IpAddr::V4(db.ip));
+        let proxy = tests::tcp::listen_in(peer.netns(&uid(&c, NS, "web")), INBOUND_PORT, false);
+        db.netns.connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("db connects to web");
+        let got = proxy.accepted();
+        assert_eq!(got.local.port(), INBOUND_PORT);
+        assert_eq!(got.original_dst, Some(v4(web.ip, APP_PORT)), "original destination");
+        assert_eq!(got.peer.ip(), std::net::IpAddr::V4(db.ip));
+    }
 }
 
 #[test]
@@ -190,7 +193,7 @@ fn after_the_agent_stops_enrolled_pods_keep_their_rules_and_new_pods_fail_closed
 
 #[test]
 fn host_connections_to_an_enrolled_pod_come_from_the_probe_address() {
-    for backend in [RuleBackend::Nftables, RuleBackend::IptablesNft] {
+    for backend in RuleBackend::ALL {
         eprintln!("--- backend {backend:?}");
         let (c, agent) = setup(backend);
         let _peer = ZdsPeer::connect(&agent);
@@ -225,7 +228,7 @@ fn a_pod_deleted_through_the_api_is_removed_from_the_proxy_and_the_probe_set() {
 
 #[test]
 fn a_reused_ip_keeps_the_new_pods_probe_entry() {
-    for backend in [RuleBackend::Nftables, RuleBackend::IptablesNft] {
+    for backend in RuleBackend::ALL {
         eprintln!("--- backend {backend:?}");
         let (c, agent) = setup(backend);
         let peer = ZdsPeer::connect(&agent);
