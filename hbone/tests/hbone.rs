@@ -534,6 +534,61 @@ async fn drain_deadline_cuts_streams_that_do_not_finish() {
     .await
 }
 
+/// A TCP relay on `ip` to `target` that stops forwarding (but keeps both sockets open) once frozen.
+async fn freezing_relay(ip: IpAddr, target: SocketAddr) -> (SocketAddr, watch::Sender<bool>) {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (freeze, mut frozen) = watch::channel(false);
+    tokio::spawn(async move {
+        let (mut inbound, _) = listener.accept().await.unwrap();
+        let mut outbound = TcpStream::connect(target).await.unwrap();
+        let frozen = async move { frozen.wait_for(|f| *f).await.is_ok() };
+        if tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => false,
+            is_frozen = frozen => is_frozen,
+        } {
+            // Hold both sockets open without moving a byte.
+            std::future::pending::<()>().await;
+        }
+    });
+    (addr, freeze)
+}
+
+#[tokio::test]
+async fn keepalive_drops_a_connection_whose_peer_stops_answering_pings() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
+        let app = echo_app(ip).await;
+        let relay_ip = next_ip();
+        let (relay, freeze) = freezing_relay(relay_ip, server.addr).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let pool = Pool::new(
+            mesh.tls.clone(),
+            PoolConfig {
+                keepalive: hbone::Keepalive {
+                    interval: Duration::from_millis(100),
+                    timeout: Duration::from_millis(300),
+                },
+                ..Default::default()
+            },
+        );
+        let mut req = request(&client, &server, &id("server"), app);
+        req.dst = relay;
+        let mut stream = pool.connect(&req).await.unwrap();
+        let mut buf = [0u8; 4];
+        stream.write_all(b"ping").await.unwrap();
+        stream.read_exact(&mut buf).await.unwrap();
+        assert_eq!(pool.connection_count(), 1);
+
+        freeze.send(true).unwrap();
+        wait_until(|| pool.connection_count() == 0).await;
+        assert!(stream.read(&mut buf).await.is_err(), "the stream of a dropped connection fails");
+    })
+    .await
+}
+
 async fn futures_join<T: Send + 'static>(handles: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
     let mut out = Vec::new();
     for handle in handles.collect::<Vec<_>>() {
