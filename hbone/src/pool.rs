@@ -28,7 +28,8 @@ pub struct PoolConfig {
     pub max_streams_per_connection: usize,
     /// A connection without streams for this long is closed.
     pub idle_timeout: Duration,
-    /// Dialling (TCP, TLS and HTTP/2 handshakes) must finish within this.
+    /// Dialling (TCP, TLS and HTTP/2 handshakes) must finish within this, and so must the wait for the
+    /// CONNECT answer.
     pub connect_timeout: Duration,
     /// PING keepalive on every connection.
     pub keepalive: Keepalive,
@@ -219,7 +220,11 @@ impl Pool {
             }
         };
         let (response, body) = send.send_request(build_request(req), false).map_err(h2_err)?;
-        let response = response.await.map_err(h2_err)?;
+        // The server answers only after it reached the target, so this wait is part of connecting.
+        let response = tokio::time::timeout(self.inner.config.connect_timeout, response)
+            .await
+            .map_err(|_| ConnectError::Timeout(req.dst))?
+            .map_err(h2_err)?;
         if response.status() != StatusCode::OK {
             return Err(ConnectError::Status { dst: req.dst, authority: req.authority, status: response.status() });
         }

@@ -112,35 +112,42 @@ pub async fn serve<H: ConnectHandler>(
     tokio::pin!(alive, shutdown);
     let mut tunnels = JoinSet::new();
     let conn_info = Arc::new((peer_identity, peer, local));
-    loop {
+    let mut deadline = None;
+    let result = loop {
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((request, respond))) => {
                     tunnels.spawn(tunnel(request, respond, handler.clone(), conn_info.clone()));
                 }
-                Some(Err(e)) => return Err(h2_err(e)),
-                None => return Ok(()),
+                Some(Err(e)) => break Err(h2_err(e)),
+                None => break Ok(()),
             },
             Some(_) = tunnels.join_next() => {}
-            () = &mut alive => return Err(ServeError::Unresponsive(peer)),
-            () = &mut shutdown => break,
+            () = &mut alive => break Err(ServeError::Unresponsive(peer)),
+            () = &mut shutdown, if deadline.is_none() => {
+                tracing::debug!(%peer, "draining HBONE connection");
+                conn.graceful_shutdown();
+                deadline = Some(tokio::time::Instant::now() + options.drain_deadline);
+            }
+            () = sleep_until(deadline) => break Err(ServeError::DrainDeadline(peer)),
         }
-    }
-    tracing::debug!(%peer, "draining HBONE connection");
-    conn.graceful_shutdown();
-    let drain = async {
-        while let Some(next) = conn.accept().await {
-            let (request, respond) = next.map_err(h2_err)?;
-            tunnels.spawn(tunnel(request, respond, handler.clone(), conn_info.clone()));
-        }
-        Ok(())
     };
-    match tokio::time::timeout(options.drain_deadline, drain).await {
-        Ok(result) => result,
-        Err(_) => {
-            tunnels.abort_all();
-            Err(ServeError::DrainDeadline(peer))
-        }
+    // With the connection gone every remaining stream fails promptly, so the tunnels can report how they
+    // ended; a tunnel stuck elsewhere (e.g. in the handler's connect) is cut at the deadline.
+    drop(conn);
+    let rest = deadline.unwrap_or_else(|| tokio::time::Instant::now() + options.drain_deadline);
+    let finished = async { while tunnels.join_next().await.is_some() {} };
+    if tokio::time::timeout_at(rest, finished).await.is_err() {
+        tunnels.abort_all();
+    }
+    result
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

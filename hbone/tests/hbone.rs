@@ -534,6 +534,39 @@ async fn drain_deadline_cuts_streams_that_do_not_finish() {
     .await
 }
 
+#[tokio::test]
+async fn one_acceptor_presents_the_certificate_of_the_dialled_ip() {
+    within(async {
+        let mesh = new_mesh();
+        let (ip_a, ip_b, ip_none) = (next_ip(), next_ip(), next_ip());
+        let certs = ServerCerts::new();
+        certs.set(ip_a, &mesh.ca.mint(&id("a")).unwrap()).unwrap();
+        certs.set(ip_b, &mesh.ca.mint(&id("b")).unwrap()).unwrap();
+        let inbound = InboundTls::new(mesh.tls.clone(), certs);
+        let client = mesh.ca.mint(&id("client")).unwrap();
+        for (ip, expected) in [(ip_a, Some("a")), (ip_b, Some("b")), (ip_none, None)] {
+            let listener = TcpListener::bind((ip, 0)).await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let inbound = inbound.clone();
+            let server = tokio::spawn(async move { inbound.accept(listener.accept().await.unwrap().0).await });
+            // The client accepts only the expected identity, so success shows which certificate was presented.
+            let dialled = TcpStream::connect(addr).await.unwrap();
+            let result = mesh.tls.connect(dialled, &client, &id(expected.unwrap_or("a"))).await;
+            let accepted = server.await.unwrap();
+            match expected {
+                Some(_) => {
+                    result.unwrap();
+                    let accepted = accepted.unwrap();
+                    assert_eq!(accepted.peer_identity, id("client"));
+                    assert_eq!(accepted.local, addr);
+                }
+                None => assert!(result.is_err() && accepted.is_err(), "no certificate for {ip}"),
+            }
+        }
+    })
+    .await
+}
+
 /// A TCP relay on `ip` to `target` that stops forwarding (but keeps both sockets open) once frozen.
 async fn freezing_relay(ip: IpAddr, target: SocketAddr) -> (SocketAddr, watch::Sender<bool>) {
     let listener = TcpListener::bind((ip, 0)).await.unwrap();
