@@ -1,6 +1,8 @@
 //! HBONE transport for the node proxy: SPIFFE identities, the mesh CA, mutual TLS 1.3 configs and
 //! HTTP/2 CONNECT tunnels (a pooled client and a server), wire-compatible with Istio's ztunnel.
 
+#![warn(missing_docs)]
+
 pub mod ca;
 mod counting;
 pub mod headers;

@@ -1,14 +1,16 @@
 //! The HBONE client: CONNECT streams multiplexed over pooled mTLS HTTP/2 connections, one pool entry per
 //! (source identity, destination identity, destination address).
 
+mod conn;
+
+pub(crate) use conn::StreamSlot;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -16,10 +18,11 @@ use tokio::sync::watch;
 use crate::ca::WorkloadCert;
 use crate::headers::{self, Baggage};
 use crate::identity::Identity;
-use crate::keepalive::{self, Keepalive};
+use crate::keepalive::Keepalive;
 use crate::settings;
 use crate::stream::H2Stream;
 use crate::tls::{MeshTls, TlsError};
+use conn::{Conn, Conns, Driver, PoolKey};
 
 /// Pool limits and timers.
 #[derive(Debug, Clone)]
@@ -103,71 +106,10 @@ pub enum ConnectError {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct PoolKey {
-    src: Identity,
-    dst_identity: Identity,
-    dst: SocketAddr,
-}
-
-struct Conn {
-    id: u64,
-    send: h2::client::SendRequest<Bytes>,
-    /// Streams currently open (or reserved) on this connection.
-    active: watch::Sender<usize>,
-    /// Set once the connection may no longer take streams.
-    closed: AtomicBool,
-}
-
-impl Conn {
-    /// Whether the connection can still open streams: not retired, and no GOAWAY or error received
-    /// (h2 reports those through `poll_ready` without waiting).
-    fn usable(&self) -> bool {
-        if self.closed.load(Ordering::Acquire) {
-            return false;
-        }
-        let mut cx = Context::from_waker(Waker::noop());
-        if let Poll::Ready(Err(_)) = self.send.clone().poll_ready(&mut cx) {
-            self.closed.store(true, Ordering::Release);
-            return false;
-        }
-        true
-    }
-
-    fn try_reserve(self: &Arc<Self>, max: usize) -> Option<StreamSlot> {
-        if !self.usable() {
-            return None;
-        }
-        let limit = max.min(self.send.current_max_send_streams());
-        let mut reserved = false;
-        self.active.send_if_modified(|n| {
-            reserved = *n < limit;
-            if reserved {
-                *n += 1;
-            }
-            reserved
-        });
-        reserved.then(|| StreamSlot { conn: self.clone() })
-    }
-}
-
-/// A reserved stream on a pooled connection, given back when the tunnel is dropped.
-pub(crate) struct StreamSlot {
-    conn: Arc<Conn>,
-}
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        self.conn.active.send_modify(|n| *n -= 1);
-    }
-}
-
-type Conns = HashMap<PoolKey, Vec<Arc<Conn>>>;
-
 struct Inner {
     tls: MeshTls,
     config: PoolConfig,
-    conns: Mutex<Conns>,
+    conns: Arc<Mutex<Conns>>,
     /// One dial at a time per key, so concurrent first connects share one handshake.
     dialing: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
     next_id: AtomicU64,
@@ -192,7 +134,7 @@ impl Pool {
             inner: Arc::new(Inner {
                 tls,
                 config,
-                conns: Mutex::new(HashMap::new()),
+                conns: Arc::default(),
                 dialing: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(0),
             }),
@@ -285,7 +227,7 @@ impl Pool {
         let tcp = TcpStream::connect(key.dst).await.map_err(|source| ConnectError::Tcp { dst: key.dst, source })?;
         let _ = tcp.set_nodelay(true);
         let tls = self.inner.tls.connect(tcp, src, &key.dst_identity).await?;
-        let (send, mut connection) =
+        let (send, connection) =
             settings::client().handshake(tls).await.map_err(|source| ConnectError::H2 { dst: key.dst, source })?;
         let (active, _) = watch::channel(0);
         let conn = Arc::new(Conn {
@@ -297,90 +239,9 @@ impl Pool {
         tracing::debug!(dst = %key.dst, identity = %key.dst_identity, id = conn.id, "HBONE connection established");
         // Pooled before its driver starts, so the driver's removal can never precede the insertion.
         self.conns().entry(key.clone()).or_default().push(conn.clone());
-        let ping_pong = connection.ping_pong();
-        let driver = Driver { pool: Arc::downgrade(&self.inner), key: key.clone(), conn: conn.clone() };
-        let keepalive = self.inner.config.keepalive;
-        let idle_timeout = self.inner.config.idle_timeout;
-        tokio::spawn(async move {
-            let mut active = driver.conn.active.subscribe();
-            let alive = keepalive::until_unresponsive(ping_pong, keepalive);
-            tokio::pin!(connection, alive);
-            loop {
-                tokio::select! {
-                    result = &mut connection => {
-                        if let Err(e) = result {
-                            tracing::debug!(dst = %driver.key.dst, error = %e, "HBONE connection ended");
-                        }
-                        break;
-                    }
-                    () = &mut alive => {
-                        tracing::warn!(dst = %driver.key.dst, "HBONE connection unresponsive to PING, dropping it");
-                        break;
-                    }
-                    () = idle(&mut active, idle_timeout) => {
-                        if driver.retire_if_idle() {
-                            tracing::debug!(dst = %driver.key.dst, "closing idle HBONE connection");
-                            break;
-                        }
-                    }
-                }
-            }
-            driver.retire();
-        });
+        let driver = Driver { conns: Arc::downgrade(&self.inner.conns), key: key.clone(), conn: conn.clone() };
+        tokio::spawn(driver.run(connection, self.inner.config.keepalive, self.inner.config.idle_timeout));
         Ok(conn)
-    }
-}
-
-/// Resolves once the stream count has stayed at zero for `timeout`.
-async fn idle(active: &mut watch::Receiver<usize>, timeout: Duration) {
-    loop {
-        if *active.borrow_and_update() == 0 {
-            if tokio::time::timeout(timeout, active.changed()).await.is_err() {
-                return;
-            }
-        } else if active.changed().await.is_err() {
-            return std::future::pending().await;
-        }
-    }
-}
-
-/// The task side of a pooled connection: takes it out of the pool when it ends.
-struct Driver {
-    pool: Weak<Inner>,
-    key: PoolKey,
-    conn: Arc<Conn>,
-}
-
-impl Driver {
-    fn retire_if_idle(&self) -> bool {
-        let Some(pool) = self.pool.upgrade() else {
-            return true;
-        };
-        // Under the pool lock no stream can be reserved between the check and the removal.
-        let mut conns = pool.conns.lock().unwrap_or_else(|p| p.into_inner());
-        if *self.conn.active.borrow() != 0 {
-            return false;
-        }
-        self.conn.closed.store(true, Ordering::Release);
-        remove(&mut conns, &self.key, self.conn.id);
-        true
-    }
-
-    fn retire(&self) {
-        self.conn.closed.store(true, Ordering::Release);
-        if let Some(pool) = self.pool.upgrade() {
-            let mut conns = pool.conns.lock().unwrap_or_else(|p| p.into_inner());
-            remove(&mut conns, &self.key, self.conn.id);
-        }
-    }
-}
-
-fn remove(conns: &mut Conns, key: &PoolKey, id: u64) {
-    if let Some(list) = conns.get_mut(key) {
-        list.retain(|c| c.id != id);
-        if list.is_empty() {
-            conns.remove(key);
-        }
     }
 }
 
