@@ -6,7 +6,9 @@ mod conn;
 pub(crate) use conn::StreamSlot;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -106,9 +108,16 @@ pub enum ConnectError {
     },
 }
 
+/// Opens the TCP connection an HBONE connection runs on. The node proxy supplies one that creates the socket
+/// inside the source pod's network namespace with the proxy mark; [`Pool::new`] connects from the caller's
+/// namespace.
+pub type Dialer =
+    Arc<dyn Fn(SocketAddr) -> Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>> + Send + Sync>;
+
 struct Inner {
     tls: MeshTls,
     config: PoolConfig,
+    dialer: Option<Dialer>,
     conns: Arc<Mutex<Conns>>,
     /// One dial at a time per key, so concurrent first connects share one handshake.
     dialing: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
@@ -130,10 +139,20 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// A pool dialling with `tls`'s mesh policy.
     pub fn new(tls: MeshTls, config: PoolConfig) -> Self {
+        Self::build(tls, config, None)
+    }
+
+    /// A pool whose connections run on TCP streams opened by `dialer`.
+    pub fn with_dialer(tls: MeshTls, config: PoolConfig, dialer: Dialer) -> Self {
+        Self::build(tls, config, Some(dialer))
+    }
+
+    fn build(tls: MeshTls, config: PoolConfig, dialer: Option<Dialer>) -> Self {
         Pool {
             inner: Arc::new(Inner {
                 tls,
                 config,
+                dialer,
                 conns: Arc::default(),
                 dialing: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(0),
@@ -224,7 +243,11 @@ impl Pool {
     }
 
     async fn dial(&self, key: &PoolKey, src: &WorkloadCert) -> Result<Arc<Conn>, ConnectError> {
-        let tcp = TcpStream::connect(key.dst).await.map_err(|source| ConnectError::Tcp { dst: key.dst, source })?;
+        let tcp = match &self.inner.dialer {
+            Some(dialer) => dialer(key.dst).await,
+            None => TcpStream::connect(key.dst).await,
+        };
+        let tcp = tcp.map_err(|source| ConnectError::Tcp { dst: key.dst, source })?;
         let _ = tcp.set_nodelay(true);
         let tls = self.inner.tls.connect(tcp, src, &key.dst_identity).await?;
         let (send, connection) =
