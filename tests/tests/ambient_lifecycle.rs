@@ -4,8 +4,10 @@
 //! server; running pods are real processes in real pod netns and kubelet-style cgroups.
 
 use std::collections::BTreeSet;
+use std::fs::File;
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -153,6 +155,86 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
+/// The kernel's change events in one pod netns (`nft monitor`, `ip monitor rule`), recorded while it lives.
+/// Unlike sampling, it sees every committed nftables transaction, so a moment without rules cannot slip through.
+struct RuleMonitor {
+    children: Vec<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl RuleMonitor {
+    /// Starts both monitors in `ns` and returns once each has reported a marker change made there.
+    fn start(ns: &NetnsGuard) -> Self {
+        let dir = tempfile::tempdir().expect("monitor dir");
+        let spawn = |argv: &[&str], file: &str| {
+            let out = File::create(dir.path().join(file)).expect("monitor output file");
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns.name()]).args(argv).stdin(Stdio::null()).stdout(out).stderr(Stdio::null());
+            cmd.spawn().expect("spawn monitor")
+        };
+        let children = vec![spawn(&["nft", "monitor"], "nft"), spawn(&["ip", "monitor", "rule"], "rule")];
+        let monitor = Self { children, dir };
+        eventually("both monitors report a marker change", || {
+            ns.exec_ok(&["nft", "add", "table", "inet", "monitor-marker"]);
+            ns.exec_ok(&["nft", "delete", "table", "inet", "monitor-marker"]);
+            ns.exec_ok(&["ip", "rule", "add", "pref", "1000", "lookup", "1000"]);
+            ns.exec_ok(&["ip", "rule", "del", "pref", "1000"]);
+            (monitor.output("nft").contains("monitor-marker") && monitor.output("rule").contains("1000:")).then_some(())
+        });
+        monitor
+    }
+
+    fn output(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(file)).unwrap_or_default()
+    }
+
+    /// Stops recording and lists every committed state in which the in-pod tables differed from `tables`, and
+    /// every deletion of the connmark rule; also returns how many in-pod tables were (re)created meanwhile.
+    fn finish(mut self, tables: &BTreeSet<String>) -> (Vec<String>, usize) {
+        self.stop();
+        let mut current = tables.clone();
+        let (mut gaps, mut created) = (Vec::new(), 0);
+        for line in self.output("nft").lines() {
+            let table = |rest: &str| rest.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+            if let Some(rest) = line.strip_prefix("add table ").filter(|r| r.contains("istio-ambient")) {
+                current.insert(table(rest));
+                created += 1;
+            } else if let Some(rest) = line.strip_prefix("delete table ").filter(|r| r.contains("istio-ambient")) {
+                current.remove(&table(rest));
+            } else if line.starts_with("# new generation") && &current != tables {
+                gaps.push(format!("{line}: in-pod tables {current:?}"));
+            }
+        }
+        let rules = self.output("rule");
+        gaps.extend(rules.lines().filter(|l| l.starts_with("Deleted") && l.contains("0x111")).map(String::from));
+        (gaps, created)
+    }
+
+    fn stop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RuleMonitor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The in-pod nftables tables of `ns`, as `<family> <name>`.
+fn inpod_tables(ns: &NetnsGuard) -> BTreeSet<String> {
+    let tables = ns.exec_ok(&["nft", "list", "tables"]);
+    tables
+        .lines()
+        .filter_map(|l| l.strip_prefix("table "))
+        .filter(|t| t.contains("istio-ambient"))
+        .map(String::from)
+        .collect()
+}
+
 #[test]
 fn after_an_agent_restart_the_proxy_gets_all_50_pods_and_no_pod_loses_its_rules() {
     const PODS: usize = 50;
@@ -201,6 +283,13 @@ fn after_an_agent_restart_the_proxy_gets_all_50_pods_and_no_pod_loses_its_rules(
     for ((name, _), rules) in sampled.iter().zip(&before) {
         assert!(has_inpod_rules(rules), "{name} has no in-pod rules:\n{rules}");
     }
+    let tables: Vec<BTreeSet<String>> = sampled.iter().map(|(_, ns)| inpod_tables(ns)).collect();
+    let monitors: Vec<RuleMonitor> = sampled.iter().map(|(_, ns)| RuleMonitor::start(ns)).collect();
+    // Another pod's tables were lost while the agent was away (drift): the restarted agent reinstalls them.
+    let drifted = &running[1];
+    let drifted_before = inpod_rules(&drifted.netns);
+    drifted.netns.exec_ok(&["nft", "flush", "ruleset"]);
+    assert!(!inpod_rules(&drifted.netns).contains("istio-ambient"), "the drifted pod's tables are gone");
     let stop = AtomicBool::new(false);
     let restarted = Instant::now();
     let ((rounds, changed), new_agent, fresh) = std::thread::scope(|s| {
@@ -226,8 +315,14 @@ fn after_an_agent_restart_the_proxy_gets_all_50_pods_and_no_pod_loses_its_rules(
         (sampler.join().expect("sampler thread"), new_agent, fresh)
     });
     eprintln!("restart and snapshot took {:?}; {rounds} sampling rounds", restarted.elapsed());
+    for (((name, _), monitor), tables) in sampled.iter().zip(monitors).zip(&tables) {
+        let (gaps, created) = monitor.finish(tables);
+        assert!(gaps.is_empty(), "{name} was without its rules during the restart:\n{}", gaps.join("\n"));
+        assert!(created > 0, "{name}: the restarted agent reprogrammed the rules (in place, atomically)");
+    }
     assert!(changed.is_empty(), "in-pod rules changed during the restart:\n{}", changed.join("\n"));
     assert!(rounds >= 2, "the rules were sampled during the restart ({rounds} rounds)");
+    assert_eq!(inpod_rules(&drifted.netns), drifted_before, "{}: missing rules reinstalled at startup", drifted.name);
 
     let received = fresh.received();
     let (last, snapshot) = received.split_last().expect("the new peer received requests");
