@@ -5,6 +5,7 @@ mod config;
 mod enroll;
 mod event_server;
 mod metrics;
+mod plugin_logs;
 mod watch;
 
 use std::sync::{Arc, Mutex};
@@ -78,6 +79,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         zds_drain.signaled().await;
     }));
     let (listener, socket) = event_server::bind(&config.cni_agent_run_dir).context("plugin event socket")?;
+    let logs = plugin_logs::bind(&config.cni_agent_run_dir).context("plugin log socket")?;
+    tokio::spawn(plugin_logs::serve(logs, drain.clone()));
     tracing::info!(socket = %socket.display(), "serving plugin events");
     tokio::spawn(event_server::serve(listener, enroller, client, metrics.clone(), drain.clone()));
     drop(drain);

@@ -273,3 +273,16 @@ fn a_host_without_iptables_or_nft_enrolls_ambient_pods_with_native_nftables() {
     assert_eq!(redirection(&cluster, NS, "bare").as_deref(), Some("enabled"));
     assert!(RuleBackend::Nftables.dump(&pod.netns).contains("istio-ambient-nat"));
 }
+
+#[test]
+fn the_plugins_logs_show_up_in_the_agents_log() {
+    let (c, agent) = setup(RuleBackend::Nftables);
+    let _peer = ZdsPeer::connect(&agent);
+    let _pod = run(&c, &ambient_pod(NS, "logged"));
+    eventually("the plugin's log line in the agent's log", || {
+        let log = agent.log();
+        log.lines()
+            .any(|l| l.contains("istio_cni_plugin") && l.contains("ambient pod enrolled by the node agent"))
+            .then_some(())
+    });
+}
