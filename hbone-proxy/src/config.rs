@@ -1,0 +1,45 @@
+//! The proxy's settings, from flags or Istio's environment variable names.
+
+use std::path::PathBuf;
+
+use clap::{CommandFactory, FromArgMatches, Parser};
+use daemon::common_args::CommonArgs;
+
+/// Readiness port of Istio's proxies (`/healthz/ready`).
+pub const READINESS_PORT: &str = "15021";
+/// Metrics port of Istio's proxies (`/metrics`).
+pub const METRICS_PORT: &str = "15020";
+
+/// Everything the proxy is told at startup.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "hbone-proxy", about = "HBONE node proxy for ambient pods")]
+pub struct Config {
+    /// The node agent's ZDS socket.
+    #[arg(long, env = "INPOD_UDS", default_value = zds::DEFAULT_SOCKET_PATH)]
+    pub inpod_uds: PathBuf,
+    /// The mesh trust domain: local identities are minted in it and peers must belong to it.
+    #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
+    /// A mesh CA in Istio's `cacerts` layout; without it a self-signed CA is kept in `STATE_DIR`.
+    #[arg(long, env = "CA_DIR")]
+    pub ca_dir: Option<PathBuf>,
+    /// Where the self-signed CA lives when no `CA_DIR` is given.
+    #[arg(long, env = "STATE_DIR", default_value = "/var/lib/hbone-proxy")]
+    pub state_dir: PathBuf,
+    /// A YAML file in ztunnel's local-config shape (`workloads:`) describing mesh destinations; watched.
+    #[arg(long, env = "LOCAL_WORKLOADS")]
+    pub local_workloads: Option<PathBuf>,
+    /// Probe ports and logging, with Istio's proxy ports as defaults.
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+impl Config {
+    /// Parses flags and env, defaulting the shared probe ports to Istio's proxy ports (15021, 15020).
+    pub fn from_env_and_args() -> Self {
+        let command = Self::command()
+            .mut_arg("readiness_port", |arg| arg.default_value(READINESS_PORT))
+            .mut_arg("monitoring_port", |arg| arg.default_value(METRICS_PORT));
+        Self::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+    }
+}

@@ -1,0 +1,60 @@
+//! `hbone-proxy`: the bundled HBONE node proxy. Takes each enrolled pod's netns from the node agent over
+//! ZDS, listens inside the pod (15001, 15006, 15008) and carries mesh traffic over HBONE.
+
+mod config;
+mod directory;
+mod endpoints;
+mod inbound;
+mod mesh;
+mod metrics;
+mod outbound;
+mod pod;
+mod sockets;
+mod workloads;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use daemon::probes::ProbeState;
+use hbone::{MeshCa, MeshTls};
+
+use crate::config::Config;
+use crate::directory::Directory;
+use crate::mesh::Mesh;
+use crate::workloads::Workloads;
+
+fn main() -> anyhow::Result<()> {
+    let config = Config::from_env_and_args();
+    config.common.init_logging();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    runtime.block_on(run(config))
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let ca = match &config.ca_dir {
+        Some(dir) => MeshCa::load(dir).context("loading the mesh CA")?,
+        None => MeshCa::load_or_create(&config.state_dir, &config.trust_domain).context("self-signed mesh CA")?,
+    };
+    let tls = MeshTls::new(&config.trust_domain, ca.roots()).context("mesh TLS policy")?;
+    let directory = Directory::new(&config.trust_domain);
+    // Kept alive for the life of the process: dropping it stops the reloads.
+    let _local_watch = match &config.local_workloads {
+        Some(path) => Some(directory::local_file::watch(path, directory.clone())?),
+        None => None,
+    };
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = metrics::Metrics::register(&mut registry);
+    let probes = ProbeState::new(Arc::new(Mutex::new(registry)));
+    for port in [config.common.readiness_port, config.common.monitoring_port] {
+        let addr = SocketAddr::new(config.common.listen_address, port);
+        endpoints::serve(addr, probes.clone()).await.with_context(|| format!("binding {addr}"))?;
+    }
+    let mesh = Arc::new(Mesh { ca, tls, directory, metrics });
+    let shutdown = daemon::signals::shutdown_signal()?;
+    tokio::select! {
+        () = Workloads::new(mesh, probes).run(&config.inpod_uds) => {}
+        signal = shutdown => tracing::info!(?signal, "shutting down"),
+    }
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! The node-wide state every pod proxy shares: the CA that mints pod certificates, the mesh TLS policy,
+//! the workload directory and the metrics.
+
+use hbone::{MeshCa, MeshTls};
+
+use crate::directory::Directory;
+use crate::metrics::Metrics;
+
+/// Shared by all pod proxies of the node.
+#[derive(Debug)]
+pub struct Mesh {
+    /// Mints each pod's workload certificate.
+    pub ca: MeshCa,
+    /// Trust domain and roots for both TLS sides.
+    pub tls: MeshTls,
+    /// Which destinations speak HBONE, and as whom.
+    pub directory: Directory,
+    /// Connection and proxy counters.
+    pub metrics: Metrics,
+}
+
+impl Mesh {
+    /// The trust domain local identities are minted in.
+    pub fn trust_domain(&self) -> &str {
+        self.tls.trust_domain()
+    }
+}

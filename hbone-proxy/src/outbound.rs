@@ -1,0 +1,87 @@
+//! Outbound capture (15001): a connection the pod's app opened, redirected by the in-pod rules. Mesh
+//! destinations are reached over HBONE as the pod's identity; anything else is passed through as plain TCP
+//! from the pod's netns.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hbone::ConnectRequest;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use crate::directory::Protocol;
+use crate::metrics::Direction;
+use crate::pod::{PodContext, HBONE_PORT};
+use crate::sockets;
+
+/// Proxies one captured outbound connection until both sides are done.
+pub async fn handle(pod: Arc<PodContext>, mut app: TcpStream, peer: SocketAddr) {
+    let started = Instant::now();
+    let _ = app.set_nodelay(true);
+    let dst = match sockets::original_dst(&app) {
+        Ok(dst) => dst,
+        Err(error) => {
+            tracing::warn!(uid = %pod.uid, %peer, %error, "outbound connection without an original destination");
+            return;
+        }
+    };
+    let destination = pod.mesh.directory.lookup(dst.ip()).filter(|d| d.workload.protocol == Protocol::Hbone);
+    let (protocol, dst_identity) = match &destination {
+        Some(d) => ("HBONE", d.identity.to_string()),
+        None => ("TCP", String::new()),
+    };
+    let metrics = &pod.mesh.metrics;
+    metrics.opened(Direction::Outbound, protocol);
+    let result = match destination {
+        Some(d) => {
+            let request = ConnectRequest {
+                src: pod.cert.clone(),
+                src_addr: peer,
+                dst: SocketAddr::new(dst.ip(), HBONE_PORT),
+                dst_identity: d.identity,
+                authority: dst,
+                baggage: pod.baggage.clone(),
+                extra_headers: Default::default(),
+            };
+            match pod.pool.connect(&request).await {
+                Ok(mut tunnel) => splice(&mut app, &mut tunnel).await,
+                Err(e) => Err((0, 0, e.to_string())),
+            }
+        }
+        None => match sockets::connect_in(&pod.netns, dst, None).await {
+            Ok(mut upstream) => splice(&mut app, &mut upstream).await,
+            Err(e) => Err((0, 0, format!("connecting to {dst}: {e}"))),
+        },
+    };
+    let (sent, received, error) = match result {
+        Ok((sent, received)) => (sent, received, None),
+        Err((sent, received, error)) => (sent, received, Some(error)),
+    };
+    metrics.closed(Direction::Outbound, protocol, sent, received);
+    tracing::info!(
+        target: "access",
+        direction = "outbound",
+        protocol,
+        src.addr = %peer,
+        src.identity = %pod.cert.identity(),
+        dst.addr = %dst,
+        dst.identity = %dst_identity,
+        bytes_sent = sent,
+        bytes_received = received,
+        duration_ms = started.elapsed().as_millis() as u64,
+        error = error.as_deref().unwrap_or(""),
+        "connection complete"
+    );
+}
+
+/// Copies both ways with half-close; returns (client → upstream, upstream → client) bytes.
+async fn splice<A, B>(client: &mut A, upstream: &mut B) -> Result<(u64, u64), (u64, u64, String)>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    tokio::io::copy_bidirectional_with_sizes(client, upstream, 64 * 1024, 64 * 1024)
+        .await
+        .map_err(|e| (0, 0, e.to_string()))
+}

@@ -1,0 +1,174 @@
+//! One enrolled pod's proxy: its identity and certificate, its HBONE client pool, and the in-pod listeners
+//! (15001 outbound, 15006 inbound plaintext, 15008 inbound HBONE) that live as long as this value.
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use hbone::{Baggage, Identity, InboundTls, Pool, PoolConfig, ServerCerts, WorkloadCert};
+use netns::Netns;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use zds::messages::WorkloadInfo;
+
+use crate::mesh::Mesh;
+use crate::{inbound, outbound, sockets};
+
+/// Port of the outbound capture listener.
+pub const OUTBOUND_PORT: u16 = 15001;
+/// Port of the inbound plaintext capture listener.
+pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
+/// Port of the inbound HBONE listener.
+pub const HBONE_PORT: u16 = 15008;
+
+/// Why a pod's proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The AddWorkload had no workload info to derive an identity from.
+    #[error("pod {0}: AddWorkload without workload_info")]
+    NoWorkloadInfo(String),
+    /// The workload info does not form a SPIFFE identity.
+    #[error("pod {uid}: {source}")]
+    Identity {
+        /// The pod.
+        uid: String,
+        /// What was wrong.
+        source: hbone::IdentityError,
+    },
+    /// Minting or installing the pod's certificate failed.
+    #[error("pod {uid}: certificate: {reason}")]
+    Certificate {
+        /// The pod.
+        uid: String,
+        /// What failed.
+        reason: String,
+    },
+    /// Reading the pod's addresses or binding a listener in its netns failed.
+    #[error("pod {uid}: {what}: {source}")]
+    Netns {
+        /// The pod.
+        uid: String,
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// What every connection handler of one pod needs.
+#[derive(Debug)]
+pub struct PodContext {
+    /// The pod's uid, for logs.
+    pub uid: String,
+    /// The pod's network namespace: upstream sockets are created there.
+    pub netns: Arc<Netns>,
+    /// The pod's workload certificate.
+    pub cert: Arc<WorkloadCert>,
+    /// HBONE connections from this pod (dialled from its netns).
+    pub pool: Pool,
+    /// Who the pod is, sent with each CONNECT.
+    pub baggage: Baggage,
+    /// The node-wide state.
+    pub mesh: Arc<Mesh>,
+}
+
+/// A running pod proxy. Dropping it closes the pod's listeners at once and asks open HBONE connections to
+/// drain (GOAWAY); plain connections already accepted finish on their own.
+#[derive(Debug)]
+pub struct PodProxy {
+    netns_id: (u64, u64),
+    _stop: watch::Sender<()>,
+    _listeners: JoinSet<()>,
+}
+
+impl PodProxy {
+    /// Mints the pod's certificate and starts its listeners inside `netns`. Returns once all listeners are
+    /// bound, so the caller can ack the agent.
+    pub fn start(mesh: &Arc<Mesh>, uid: &str, info: Option<&WorkloadInfo>, netns: Netns) -> Result<Self, StartError> {
+        let info = info.ok_or_else(|| StartError::NoWorkloadInfo(uid.to_owned()))?;
+        let service_account = if info.service_account.is_empty() { "default" } else { &info.service_account };
+        let identity = Identity::new(mesh.trust_domain(), &info.namespace, service_account)
+            .map_err(|source| StartError::Identity { uid: uid.to_owned(), source })?;
+        let cert_err = |reason: String| StartError::Certificate { uid: uid.to_owned(), reason };
+        let cert = Arc::new(mesh.ca.mint(&identity).map_err(|e| cert_err(e.to_string()))?);
+        let netns_err = |what: &str, source| StartError::Netns { uid: uid.to_owned(), what: what.to_owned(), source };
+        let ips = sockets::pod_ips(&netns).map_err(|e| netns_err("reading the pod's addresses", e))?;
+        let certs = ServerCerts::new();
+        for ip in &ips {
+            certs.set(*ip, &cert).map_err(|e| cert_err(e.to_string()))?;
+        }
+
+        let netns_id = netns.id();
+        let netns = Arc::new(netns);
+        let dial_ns = netns.clone();
+        let dialer: hbone::Dialer = Arc::new(move |dst| {
+            let ns = dial_ns.clone();
+            Box::pin(async move { sockets::connect_in(&ns, dst, None).await })
+        });
+        let pool = Pool::with_dialer(mesh.tls.clone(), PoolConfig::default(), dialer);
+        let mut baggage = Baggage::namespace(&info.namespace);
+        if !info.name.is_empty() {
+            baggage.workload = Some(("pod".to_owned(), info.name.clone()));
+        }
+        let ctx =
+            Arc::new(PodContext { uid: uid.to_owned(), netns: netns.clone(), cert, pool, baggage, mesh: mesh.clone() });
+
+        let (stop, _) = watch::channel(());
+        let inbound_tls = InboundTls::new(mesh.tls.clone(), certs);
+        let mut listeners = JoinSet::new();
+        for addr in any_addrs(&ips) {
+            let bind = |port| {
+                let addr = SocketAddr::new(addr, port);
+                sockets::listen_in(&netns, addr).map_err(|e| netns_err(&format!("listening on {addr}"), e))
+            };
+            let ctx_out = ctx.clone();
+            listeners
+                .spawn(accept_loop(bind(OUTBOUND_PORT)?, move |s, peer| outbound::handle(ctx_out.clone(), s, peer)));
+            let ctx_in = ctx.clone();
+            listeners.spawn(accept_loop(bind(INBOUND_PLAINTEXT_PORT)?, move |s, peer| {
+                inbound::plaintext(ctx_in.clone(), s, peer)
+            }));
+            let (ctx_hbone, tls, stop) = (ctx.clone(), inbound_tls.clone(), stop.clone());
+            listeners.spawn(accept_loop(bind(HBONE_PORT)?, move |s, _peer| {
+                inbound::hbone(ctx_hbone.clone(), tls.clone(), s, stop.subscribe())
+            }));
+        }
+        tracing::info!(uid, %identity, ?ips, "pod proxy started");
+        Ok(PodProxy { netns_id, _stop: stop, _listeners: listeners })
+    }
+
+    /// The (dev, ino) of the pod's netns: an Add with the same one is a no-op.
+    pub fn netns_id(&self) -> (u64, u64) {
+        self.netns_id
+    }
+}
+
+/// The wildcard addresses to listen on: IPv4 always, IPv6 when the pod has an IPv6 address.
+fn any_addrs(ips: &[IpAddr]) -> Vec<IpAddr> {
+    let mut addrs = vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
+    if ips.iter().any(IpAddr::is_ipv6) {
+        addrs.push(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+    }
+    addrs
+}
+
+/// Accepts until the task is aborted, handing every connection to its own task.
+async fn accept_loop<F, Fut>(listener: TcpListener, handle: F)
+where
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                tokio::spawn(handle(stream, peer));
+            }
+            Err(error) => {
+                // Usually out of file descriptors; back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

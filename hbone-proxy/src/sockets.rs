@@ -1,0 +1,123 @@
+//! Sockets inside a pod's network namespace: created on a thread that entered the namespace (a socket
+//! belongs to the namespace it was created in), marked so the in-pod rules let them through, then handed
+//! to tokio. Also reads a redirected connection's original destination.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use netns::Netns;
+use nix::sys::socket::{
+    bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage,
+};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// The mark on every proxy socket; the in-pod rules neither capture nor loop such packets.
+pub const PROXY_MARK: u32 = 0x539;
+/// How long an upstream connect may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn netns_err(e: netns::NetnsError) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn family(ip: IpAddr) -> AddressFamily {
+    if ip.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    }
+}
+
+/// A non-blocking TCP socket of `ip`'s family carrying the proxy mark, created in the calling thread's netns.
+fn marked_socket(ip: IpAddr) -> io::Result<OwnedFd> {
+    let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
+    let fd = socket(family(ip), SockType::Stream, flags, None)?;
+    setsockopt(&fd, sockopt::Mark, &PROXY_MARK)?;
+    Ok(fd)
+}
+
+/// Binds a marked `SO_REUSEPORT` listener on `addr` inside `ns` (IPv6 listeners are v6-only) and hands it
+/// to tokio. Must be called within a tokio runtime.
+pub fn listen_in(ns: &Netns, addr: SocketAddr) -> io::Result<TcpListener> {
+    let fd = ns
+        .run(|| -> io::Result<OwnedFd> {
+            let fd = marked_socket(addr.ip())?;
+            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+            setsockopt(&fd, sockopt::ReusePort, &true)?;
+            if addr.is_ipv6() {
+                setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+            }
+            bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+            listen(&fd, Backlog::new(1024)?)?;
+            Ok(fd)
+        })
+        .map_err(netns_err)??;
+    TcpListener::from_std(std::net::TcpListener::from(fd))
+}
+
+/// Connects to `dst` from inside `ns` with the proxy mark. With `source`, the socket is transparent and
+/// bound to that address first, so the target sees the original client's IP (the in-pod connmark rules
+/// route the replies back to us).
+pub async fn connect_in(ns: &Netns, dst: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpStream> {
+    let fd = ns
+        .run(|| -> io::Result<OwnedFd> {
+            let fd = marked_socket(dst.ip())?;
+            if let Some(source) = source {
+                setsockopt(&fd, sockopt::IpTransparent, &true)?;
+                setsockopt(&fd, sockopt::IpFreebind, &true)?;
+                bind(fd.as_raw_fd(), &SockaddrStorage::from(SocketAddr::new(source, 0)))?;
+            }
+            Ok(fd)
+        })
+        .map_err(netns_err)??;
+    let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {dst} timed out")))??;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// Where a captured connection was headed: `SO_ORIGINAL_DST` (IPv4) or `IP6T_SO_ORIGINAL_DST` (IPv6) for
+/// redirected connections, the local address when there is no NAT entry (TPROXY).
+pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
+    let local = stream.local_addr()?;
+    let original = match local {
+        SocketAddr::V4(_) => nix::sys::socket::getsockopt(stream, sockopt::OriginalDst).map(|sa| {
+            let ip = std::net::Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr));
+            SocketAddr::from((ip, u16::from_be(sa.sin_port)))
+        }),
+        SocketAddr::V6(_) => nix::sys::socket::getsockopt(stream, sockopt::Ip6tOriginalDst).map(|sa| {
+            let ip = std::net::Ipv6Addr::from(sa.sin6_addr.s6_addr);
+            SocketAddr::from((ip, u16::from_be(sa.sin6_port)))
+        }),
+    };
+    match original {
+        Ok(addr) => Ok(SocketAddr::new(addr.ip().to_canonical(), addr.port())),
+        Err(nix::errno::Errno::ENOENT) => Ok(local),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The pod's own addresses: every global address on a non-loopback interface of `ns`.
+pub fn pod_ips(ns: &Netns) -> io::Result<Vec<IpAddr>> {
+    ns.run(|| -> io::Result<Vec<IpAddr>> {
+        let mut ips = Vec::new();
+        for ifaddr in nix::ifaddrs::getifaddrs()? {
+            let Some(addr) = ifaddr.address else { continue };
+            let ip = match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
+                (Some(v4), _) => IpAddr::V4(v4.ip()),
+                (_, Some(v6)) => IpAddr::V6(v6.ip()),
+                _ => continue,
+            };
+            let link_local = matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
+            if !ip.is_loopback() && !link_local && !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+        Ok(ips)
+    })
+    .map_err(netns_err)?
+}

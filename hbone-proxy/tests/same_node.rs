@@ -1,0 +1,252 @@
+//! Same-node acceptance: the real node agent and the real `hbone-proxy` in the node netns, ambient pods A and
+//! B created through the fake CNI runtime. A's app exchanges 16 MiB each way with B's app; the bytes cross
+//! the pods' veths only on port 15008 and B's app sees A's IP as its peer.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use netns::Netns;
+use ring::digest::{Context, Digest, SHA256};
+use serde_json::{json, Value};
+use tests::install_cni::eventually;
+use tests::mesh::RuleBackend;
+use tests::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent};
+use tests::{Cluster, NetnsGuard, Pod};
+
+const NS: &str = "shop";
+const APP_PORT: u16 = 8080;
+const PAYLOAD: usize = 16 * 1024 * 1024;
+/// Where the proxy serves `/healthz/ready` and `/metrics` (Istio's ports), inside the node netns.
+const READY_PORT: u16 = 15021;
+const METRICS_PORT: u16 = 15020;
+
+/// The `hbone-proxy` binary running in the node netns; killed on drop, its log printed if the test failed.
+struct Proxy {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proxy {
+    fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path) -> Self {
+        let log = dir.join("hbone-proxy.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hbone-proxy"));
+        cmd.env_clear()
+            .env("INPOD_UDS", agent.zds_socket())
+            .env("STATE_DIR", dir.join("state"))
+            .env("LOCAL_WORKLOADS", workloads)
+            .env("LOG_LEVEL", "debug,h2=info,rustls=info,hyper=info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("proxy log file"));
+        let node = cluster.node.netns().open().expect("open node netns");
+        let child = node.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
+        let mut proxy = Proxy { child, log };
+        let netns = cluster.node.netns().path();
+        eventually("hbone-proxy answers /healthz/ready with 200", || {
+            if let Ok(Some(status)) = proxy.child.try_wait() {
+                panic!("hbone-proxy exited with {status}; log:\n{}", proxy.log());
+            }
+            (http_get(&netns, READY_PORT, "/healthz/ready").map(|(status, _)| status) == Some(200)).then_some(())
+        });
+        proxy
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("hbone-proxy log:\n{}", self.log());
+        }
+    }
+}
+
+/// A GET from inside `netns` to 127.0.0.1:`port`: (status, body).
+fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
+    let ns = Netns::open(netns).ok()?;
+    let raw = ns
+        .run(|| -> std::io::Result<String> {
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+            let mut raw = String::new();
+            stream.read_to_string(&mut raw)?;
+            Ok(raw)
+        })
+        .ok()?
+        .ok()?;
+    let status = raw.split(' ').nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// Deterministic pseudo-random bytes, different per seed.
+fn payload(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..PAYLOAD / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect()
+}
+
+fn sha(bytes: &[u8]) -> Digest {
+    ring::digest::digest(&SHA256, bytes)
+}
+
+/// Sends `data` (then shuts down the write side) while reading to EOF; returns the hash of what was read.
+fn exchange(stream: TcpStream, data: Vec<u8>) -> Digest {
+    let mut writer = stream.try_clone().expect("clone socket");
+    let sender = std::thread::spawn(move || {
+        writer.write_all(&data).expect("send payload");
+        writer.shutdown(Shutdown::Write).expect("shut down write side");
+    });
+    let mut reader = stream;
+    reader.set_read_timeout(Some(Duration::from_secs(60))).expect("read timeout");
+    let mut hash = Context::new(&SHA256);
+    let mut buf = vec![0; 256 * 1024];
+    let mut total = 0;
+    loop {
+        let n = reader.read(&mut buf).expect("read payload");
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        total += n;
+    }
+    sender.join().expect("sender thread");
+    assert_eq!(total, PAYLOAD, "bytes received");
+    hash.finish()
+}
+
+/// B's app: listens on 8080 in `pod`'s netns, serves one connection; yields (peer, hash of what it got).
+fn server_app(pod: &Pod, data: Vec<u8>) -> JoinHandle<(SocketAddr, Digest)> {
+    let ns = pod.netns.open().expect("open pod netns");
+    let listener = ns.run(|| TcpListener::bind(("0.0.0.0", APP_PORT))).expect("enter pod netns").expect("bind app");
+    std::thread::spawn(move || {
+        let (stream, peer) = listener.accept().expect("accept");
+        (peer, exchange(stream, data))
+    })
+}
+
+/// Byte counters on the pod's non-loopback traffic, by port, before NAT on the way in and after it on the way out.
+fn install_counters(ns: &NetnsGuard) {
+    let rules = r#"
+table inet hbonetest {
+    chain pre {
+        type filter hook prerouting priority -300; policy accept;
+        iifname != "lo" tcp dport 15008 counter comment "in_dport_15008"
+        iifname != "lo" tcp dport 8080 counter comment "in_dport_8080"
+    }
+    chain post {
+        type filter hook postrouting priority 300; policy accept;
+        oifname != "lo" tcp dport 15008 counter comment "out_dport_15008"
+        oifname != "lo" tcp sport 15008 counter comment "out_sport_15008"
+        oifname != "lo" tcp dport 8080 counter comment "out_dport_8080"
+        oifname != "lo" tcp sport 8080 counter comment "out_sport_8080"
+    }
+}
+"#;
+    let file = tempfile::NamedTempFile::new().expect("rules file");
+    std::fs::write(file.path(), rules).expect("write rules");
+    ns.exec_ok(&["nft", "-f", &file.path().display().to_string()]);
+}
+
+/// The byte count of the counter commented `name`.
+fn counter(ns: &NetnsGuard, name: &str) -> u64 {
+    let text = ns.exec_ok(&["nft", "list", "table", "inet", "hbonetest"]);
+    let line = text.lines().find(|l| l.contains(&format!("\"{name}\""))).unwrap_or_else(|| panic!("{name} in {text}"));
+    let bytes = line.split_whitespace().skip_while(|w| *w != "bytes").nth(1).expect("bytes value");
+    bytes.parse().expect("byte count")
+}
+
+fn workload(cluster: &Cluster, name: &str, sa: &str, ip: IpAddr) -> Value {
+    json!({
+        "uid": uid(cluster, NS, name), "name": name, "namespace": NS, "serviceAccount": sa,
+        "trustDomain": "cluster.local", "workloadIps": [ip], "protocol": "HBONE", "node": "node-1",
+    })
+}
+
+fn metric(netns: &Path, line_prefix: &str) -> Option<f64> {
+    let (_, body) = http_get(netns, METRICS_PORT, "/metrics")?;
+    body.lines().find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
+}
+
+#[test]
+fn pods_on_one_node_talk_over_hbone_with_the_clients_ip_preserved() {
+    let cluster = Cluster::with_backend(RuleBackend::Nftables);
+    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+    let agent = NodeAgent::start(&cluster, &[]);
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let workloads = dir.path().join("workloads.yaml");
+    let proxy = Proxy::start(&cluster, &agent, dir.path(), &workloads);
+
+    let mut pods = Vec::new();
+    for (name, sa) in [("a", "a-sa"), ("b", "b-sa")] {
+        let mut pod = ambient_pod(NS, name);
+        pod["spec"]["serviceAccountName"] = json!(sa);
+        cluster.create(&pod);
+        // ADD returns only after the proxy acked the pod, i.e. its listeners are up.
+        pods.push(cluster.node.try_add_pod_with(ambient_conflist(&cluster), name, NS).expect("CNI ADD"));
+    }
+    let (a, b) = (&pods[0], &pods[1]);
+    let listing = json!({ "workloads": [
+        workload(&cluster, "a", "a-sa", a.ip.into()),
+        workload(&cluster, "b", "b-sa", b.ip.into()),
+    ]});
+    std::fs::write(&workloads, serde_yaml::to_string(&listing).expect("yaml")).expect("write workloads");
+    eventually("the proxy loaded both workloads", || {
+        proxy.log().contains("workload directory updated source=\"local-file\" addresses=2").then_some(())
+    });
+    install_counters(&a.netns);
+    install_counters(&b.netns);
+
+    let (a_data, b_data) = (payload(1), payload(2));
+    let (a_sent, b_sent) = (sha(&a_data), sha(&b_data));
+    let server = server_app(b, b_data);
+    let a_ns = a.netns.open().expect("open pod A netns");
+    let dst = SocketAddr::from((b.ip, APP_PORT));
+    let stream = a_ns
+        .run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10)))
+        .expect("enter pod A netns")
+        .expect("A connects to B:8080");
+    let a_got = exchange(stream, a_data);
+    let (peer, b_got) = server.join().expect("server app");
+
+    assert_eq!(a_got.as_ref(), b_sent.as_ref(), "A received exactly what B sent");
+    assert_eq!(b_got.as_ref(), a_sent.as_ref(), "B received exactly what A sent");
+    assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app sees A's IP as the peer (transparent source)");
+
+    // On the wire: A → B only as HBONE (15008), nothing on the app port outside the pods.
+    let payload = PAYLOAD as u64;
+    assert!(counter(&a.netns, "out_dport_15008") > payload, "A sent the payload to B:15008");
+    assert!(counter(&b.netns, "in_dport_15008") > payload, "B received the payload on 15008");
+    assert!(counter(&b.netns, "out_sport_15008") > payload, "B answered from 15008");
+    for (pod, name) in [(a, "out_dport_8080"), (a, "out_sport_8080"), (b, "in_dport_8080"), (b, "out_sport_8080")] {
+        assert_eq!(counter(&pod.netns, name), 0, "{name} must stay 0: no plaintext app traffic on the veth");
+    }
+    // The proxy carried exactly the transfer on B's HBONE inbound and A's HBONE outbound.
+    let netns = cluster.node.netns().path();
+    for direction in ["inbound", "outbound"] {
+        for name in ["istio_tcp_received_bytes_total", "istio_tcp_sent_bytes_total"] {
+            let prefix = format!("{name}{{direction=\"{direction}\",protocol=\"HBONE\"}}");
+            eventually(&format!("{prefix} = {PAYLOAD}"), || (metric(&netns, &prefix)? == PAYLOAD as f64).then_some(()));
+        }
+    }
+    assert!(proxy.log().contains("direction=\"inbound\" protocol=\"HBONE\""), "access log of the tunnel");
+}
