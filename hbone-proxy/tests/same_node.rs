@@ -33,7 +33,8 @@ struct Proxy {
 
 impl Proxy {
     fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path) -> Self {
-        let log = dir.join("hbone-proxy.log");
+        let log =
+            (0..).map(|n| dir.join(format!("hbone-proxy-{n}.log"))).find(|p| !p.exists()).expect("a free log name");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hbone-proxy"));
         cmd.env_clear()
             .env("INPOD_UDS", agent.zds_socket())
@@ -59,6 +60,12 @@ impl Proxy {
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the proxy (as a crash or a node reboot would) and reaps it.
+    fn stop(&mut self) {
+        self.child.kill().expect("kill hbone-proxy");
+        self.child.wait().expect("reap hbone-proxy");
     }
 }
 
@@ -92,10 +99,10 @@ fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// Deterministic pseudo-random bytes, different per seed.
-fn payload(seed: u64) -> Vec<u8> {
+/// `len` deterministic pseudo-random bytes, different per seed.
+fn payload(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..PAYLOAD / 8)
+    (0..len / 8)
         .flat_map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
@@ -111,6 +118,7 @@ fn sha(bytes: &[u8]) -> Digest {
 
 /// Sends `data` (then shuts down the write side) while reading to EOF; returns the hash of what was read.
 fn exchange(stream: TcpStream, data: Vec<u8>) -> Digest {
+    let expected = data.len();
     let mut writer = stream.try_clone().expect("clone socket");
     let sender = std::thread::spawn(move || {
         writer.write_all(&data).expect("send payload");
@@ -130,7 +138,7 @@ fn exchange(stream: TcpStream, data: Vec<u8>) -> Digest {
         total += n;
     }
     sender.join().expect("sender thread");
-    assert_eq!(total, PAYLOAD, "bytes received");
+    assert_eq!(total, expected, "bytes received (both sides send the same amount)");
     hash.finish()
 }
 
@@ -187,49 +195,77 @@ fn metric(netns: &Path, line_prefix: &str) -> Option<f64> {
     body.lines().find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
 }
 
+/// A node with the agent and the proxy running, and ambient pods A and B (service accounts a-sa, b-sa)
+/// listed in the proxy's local workloads file.
+struct Scene {
+    cluster: Cluster,
+    agent: NodeAgent,
+    dir: tempfile::TempDir,
+    proxy: Proxy,
+    a: Pod,
+    b: Pod,
+}
+
+impl Scene {
+    fn new() -> Self {
+        let cluster = Cluster::with_backend(RuleBackend::Nftables);
+        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+        let agent = NodeAgent::start(&cluster, &[]);
+        let dir = tempfile::tempdir().expect("scratch dir");
+        let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"));
+        let mut pods = Vec::new();
+        for (name, sa) in [("a", "a-sa"), ("b", "b-sa")] {
+            let mut pod = ambient_pod(NS, name);
+            pod["spec"]["serviceAccountName"] = json!(sa);
+            cluster.create(&pod);
+            // ADD returns only after the proxy acked the pod, i.e. its listeners are up.
+            pods.push(cluster.node.try_add_pod_with(ambient_conflist(&cluster), name, NS).expect("CNI ADD"));
+        }
+        let (b, a) = (pods.pop().unwrap(), pods.pop().unwrap());
+        let listing = json!({ "workloads": [
+            workload(&cluster, "a", "a-sa", a.ip.into()),
+            workload(&cluster, "b", "b-sa", b.ip.into()),
+        ]});
+        std::fs::write(dir.path().join("workloads.yaml"), serde_yaml::to_string(&listing).expect("yaml"))
+            .expect("write workloads");
+        eventually("the proxy loaded both workloads", || {
+            proxy.log().contains("workload directory updated source=\"local-file\" addresses=2").then_some(())
+        });
+        Scene { cluster, agent, dir, proxy, a, b }
+    }
+
+    /// A's app connects to B:8080 and both send `len` bytes; returns B's view of the peer after checking hashes.
+    fn transfer(&self, len: usize) -> SocketAddr {
+        let (a_data, b_data) = (payload(1, len), payload(2, len));
+        let (a_sent, b_sent) = (sha(&a_data), sha(&b_data));
+        let server = server_app(&self.b, b_data);
+        let a_ns = self.a.netns.open().expect("open pod A netns");
+        let dst = SocketAddr::from((self.b.ip, APP_PORT));
+        let stream = a_ns
+            .run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10)))
+            .expect("enter pod A netns")
+            .expect("A connects to B:8080");
+        let a_got = exchange(stream, a_data);
+        let (peer, b_got) = server.join().expect("server app");
+        assert_eq!(a_got.as_ref(), b_sent.as_ref(), "A received exactly what B sent");
+        assert_eq!(b_got.as_ref(), a_sent.as_ref(), "B received exactly what A sent");
+        peer
+    }
+}
+
+/// Whether anything listens on `port` in `ns`.
+fn listening(ns: &NetnsGuard, port: u16) -> bool {
+    !ns.exec_ok(&["ss", "-Hltn", &format!("sport = :{port}")]).trim().is_empty()
+}
+
 #[test]
 fn pods_on_one_node_talk_over_hbone_with_the_clients_ip_preserved() {
-    let cluster = Cluster::with_backend(RuleBackend::Nftables);
-    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-    let agent = NodeAgent::start(&cluster, &[]);
-    let dir = tempfile::tempdir().expect("scratch dir");
-    let workloads = dir.path().join("workloads.yaml");
-    let proxy = Proxy::start(&cluster, &agent, dir.path(), &workloads);
-
-    let mut pods = Vec::new();
-    for (name, sa) in [("a", "a-sa"), ("b", "b-sa")] {
-        let mut pod = ambient_pod(NS, name);
-        pod["spec"]["serviceAccountName"] = json!(sa);
-        cluster.create(&pod);
-        // ADD returns only after the proxy acked the pod, i.e. its listeners are up.
-        pods.push(cluster.node.try_add_pod_with(ambient_conflist(&cluster), name, NS).expect("CNI ADD"));
-    }
-    let (a, b) = (&pods[0], &pods[1]);
-    let listing = json!({ "workloads": [
-        workload(&cluster, "a", "a-sa", a.ip.into()),
-        workload(&cluster, "b", "b-sa", b.ip.into()),
-    ]});
-    std::fs::write(&workloads, serde_yaml::to_string(&listing).expect("yaml")).expect("write workloads");
-    eventually("the proxy loaded both workloads", || {
-        proxy.log().contains("workload directory updated source=\"local-file\" addresses=2").then_some(())
-    });
+    let scene = Scene::new();
+    let (cluster, proxy, a, b) = (&scene.cluster, &scene.proxy, &scene.a, &scene.b);
     install_counters(&a.netns);
     install_counters(&b.netns);
 
-    let (a_data, b_data) = (payload(1), payload(2));
-    let (a_sent, b_sent) = (sha(&a_data), sha(&b_data));
-    let server = server_app(b, b_data);
-    let a_ns = a.netns.open().expect("open pod A netns");
-    let dst = SocketAddr::from((b.ip, APP_PORT));
-    let stream = a_ns
-        .run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10)))
-        .expect("enter pod A netns")
-        .expect("A connects to B:8080");
-    let a_got = exchange(stream, a_data);
-    let (peer, b_got) = server.join().expect("server app");
-
-    assert_eq!(a_got.as_ref(), b_sent.as_ref(), "A received exactly what B sent");
-    assert_eq!(b_got.as_ref(), a_sent.as_ref(), "B received exactly what A sent");
+    let peer = scene.transfer(PAYLOAD);
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app sees A's IP as the peer (transparent source)");
 
     // On the wire: A → B only as HBONE (15008), nothing on the app port outside the pods.
@@ -249,4 +285,37 @@ fn pods_on_one_node_talk_over_hbone_with_the_clients_ip_preserved() {
         }
     }
     assert!(proxy.log().contains("direction=\"inbound\" protocol=\"HBONE\""), "access log of the tunnel");
+}
+
+#[test]
+fn deleting_a_pod_closes_its_listeners_within_a_second() {
+    let scene = Scene::new();
+    let b_uid = uid(&scene.cluster, NS, "b");
+    for port in [15001, 15006, 15008] {
+        assert!(listening(&scene.b.netns, port), "B has a listener on {port} before the delete");
+    }
+    scene.cluster.api.delete("Pod", Some(NS), "b").expect("pod was stored");
+    let stopped = format!("pod proxy stopped uid=\"{b_uid}\"");
+    eventually("the proxy stops B's proxy", || scene.proxy.log().contains(&stopped).then_some(()));
+    let since = std::time::Instant::now();
+    while [15001, 15006, 15008].iter().any(|port| listening(&scene.b.netns, *port)) {
+        assert!(since.elapsed() < Duration::from_secs(1), "B's listeners still open 1 s after DelWorkload");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(listening(&scene.a.netns, 15008), "A's proxy is untouched");
+}
+
+#[test]
+fn a_restarted_proxy_gets_the_pods_back_from_the_snapshot() {
+    let mut scene = Scene::new();
+    scene.proxy.stop();
+    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15008)).then_some(()));
+    scene.proxy =
+        Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.dir.path().join("workloads.yaml"));
+    for pod in [&scene.a, &scene.b] {
+        assert!(listening(&pod.netns, 15008), "listeners are back by the time the new proxy is ready");
+    }
+    let peer = scene.transfer(1024 * 1024);
+    assert_eq!(peer.ip(), IpAddr::from(scene.a.ip), "B's app sees A's IP after the restart");
+    assert!(scene.proxy.log().contains("direction=\"inbound\" protocol=\"HBONE\""), "carried over HBONE");
 }
