@@ -54,11 +54,11 @@ pub async fn handle(pod: Arc<PodContext>, mut app: TcpStream, peer: SocketAddr) 
             Err(e) => Err((0, 0, format!("connecting to {dst}: {e}"))),
         },
     };
-    let (sent, received, error) = match result {
-        Ok((sent, received)) => (sent, received, None),
-        Err((sent, received, error)) => (sent, received, Some(error)),
+    let (from_app, to_app, error) = match result {
+        Ok((from_app, to_app)) => (from_app, to_app, None),
+        Err((from_app, to_app, error)) => (from_app, to_app, Some(error)),
     };
-    metrics.closed(Direction::Outbound, protocol, sent, received);
+    metrics.closed(Direction::Outbound, protocol, from_app, to_app);
     tracing::info!(
         target: "access",
         direction = "outbound",
@@ -67,8 +67,8 @@ pub async fn handle(pod: Arc<PodContext>, mut app: TcpStream, peer: SocketAddr) 
         src.identity = %pod.cert.identity(),
         dst.addr = %dst,
         dst.identity = %dst_identity,
-        bytes_sent = sent,
-        bytes_received = received,
+        bytes_sent = to_app,
+        bytes_received = from_app,
         duration_ms = started.elapsed().as_millis() as u64,
         error = error.as_deref().unwrap_or(""),
         "connection complete"
