@@ -133,26 +133,37 @@ fn add(
         tracing::info!("ambient pod enrolled by the node agent");
         return Ok(out);
     }
-    let pod = PodInfo::from(&pod);
-    if let Err(skip) = sidecar::decide(&pod) {
+    redirect_sidecar(&netns, &PodInfo::from(&pod), &result, conf, env)?;
+    Ok(out)
+}
+
+/// The sidecar path: Istio's decision, then the pod's redirect rules with the chosen backend, all or nothing.
+fn redirect_sidecar(
+    netns: &Netns,
+    pod: &PodInfo,
+    result: &serde_json::Value,
+    conf: &PluginConf,
+    env: &HashMap<String, String>,
+) -> Result<(), CniError> {
+    if let Err(skip) = sidecar::decide(pod) {
         tracing::info!(reason = ?skip, "no redirection needed, passing through");
-        return Ok(out);
+        return Ok(());
     }
-    let has_v6 = cni::result::addresses(&result).iter().any(IpAddr::is_ipv6);
-    let plan = redirect::sidecar::build(&sidecar::settings(&pod, has_v6)?);
+    let has_v6 = cni::result::addresses(result).iter().any(IpAddr::is_ipv6);
+    let plan = redirect::sidecar::build(&sidecar::settings(pod, has_v6)?);
     let force = conf.force_iptables_binary.as_deref().or(env.get("FORCE_IPTABLES_BINARY").map(String::as_str));
     let backend = Backend::select(conf.native_nftables, force.filter(|f| !f.is_empty())).map_err(internal)?;
     redirect::backend::warn_if_mixed(backend);
-    if let Err(e) = backend.apply(&netns, &plan) {
+    if let Err(e) = backend.apply(netns, &plan) {
         // Never leave half a rule set: a pod that fails ADD is retried by the kubelet from a clean slate.
-        if let Err(cleanup) = backend.remove(&netns) {
+        if let Err(cleanup) = backend.remove(netns) {
             tracing::error!(error = %cleanup, "could not remove partial rules");
         }
         return Err(CniError::new(ErrorCode::Internal, format!("programming redirect rules with {backend} failed"))
             .with_details(e.to_string()));
     }
     tracing::info!(%backend, ipv6 = plan.v6.is_some(), "redirect rules programmed");
-    Ok(out)
+    Ok(())
 }
 
 fn check(inv: &Invocation, conf: &PluginConf) -> Result<(), CniError> {
