@@ -1,7 +1,6 @@
 //! The plugin's side door: `POST /cmdadd` on `<run dir>/pluginevent.sock`. The reply comes only after the pod is
 //! fully enrolled, so the plugin's ADD (and so the pod's start) waits for it.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,23 +15,14 @@ use netns::Netns;
 
 use crate::enroll::Enroller;
 use crate::metrics::{Metrics, ResponseCode};
+use crate::plugin_socket;
 
 /// Largest event body accepted.
 const MAX_BODY: usize = 64 * 1024;
 
-/// Creates the socket as Istio does: stale socket removed, dir mode 0750, socket mode 0666 (the plugin runs as
-/// the container runtime's user).
+/// Binds `<run dir>/pluginevent.sock`.
 pub fn bind(run_dir: &Path) -> std::io::Result<(tokio::net::UnixListener, PathBuf)> {
-    std::fs::create_dir_all(run_dir)?;
-    std::fs::set_permissions(run_dir, std::fs::Permissions::from_mode(0o750))?;
-    let path = run_dir.join(SOCKET_NAME);
-    match std::fs::remove_file(&path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let listener = tokio::net::UnixListener::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
-    Ok((listener, path))
+    plugin_socket::bind(run_dir, SOCKET_NAME)
 }
 
 /// Serves plugin events until the drain starts.
@@ -43,20 +33,9 @@ pub async fn serve(
     metrics: Metrics,
     drain: DrainWatcher,
 ) {
-    loop {
-        let stream = tokio::select! {
-            _ = drain.signaled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "plugin socket accept");
-                    continue;
-                }
-            },
-        };
+    plugin_socket::accept_until_drained(listener, drain, "plugin events", move |stream| {
         let (enroller, client, metrics) = (enroller.clone(), client.clone(), metrics.clone());
-        let guard = drain.guard();
-        tokio::spawn(async move {
+        async move {
             let service = hyper::service::service_fn(move |req| {
                 let (enroller, client, metrics) = (enroller.clone(), client.clone(), metrics.clone());
                 async move { Ok::<_, std::convert::Infallible>(handle(req, &enroller, &client, &metrics).await) }
@@ -65,9 +44,9 @@ pub async fn serve(
             if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
                 tracing::debug!(error = %e, "plugin connection");
             }
-            drop(guard);
-        });
-    }
+        }
+    })
+    .await;
 }
 
 async fn handle(

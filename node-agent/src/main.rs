@@ -6,6 +6,7 @@ mod enroll;
 mod event_server;
 mod metrics;
 mod plugin_logs;
+mod plugin_socket;
 mod watch;
 
 use std::sync::{Arc, Mutex};
