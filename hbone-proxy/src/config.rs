@@ -1,5 +1,6 @@
 //! The proxy's settings, from flags or Istio's environment variable names.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -29,6 +30,10 @@ pub struct Config {
     /// A YAML file in ztunnel's local-config shape (`workloads:`) describing mesh destinations; watched.
     #[arg(long, env = "LOCAL_WORKLOADS")]
     pub local_workloads: Option<PathBuf>,
+    /// Upstream resolvers of the in-pod DNS forwarder (comma-separated `ip[:port]`); by default the
+    /// nameservers of the host's /etc/resolv.conf, read at startup.
+    #[arg(long, env = "DNS_UPSTREAMS", value_delimiter = ',', value_parser = crate::dns::parse_upstream)]
+    pub dns_upstreams: Vec<SocketAddr>,
     /// Probe ports and logging, with Istio's proxy ports as defaults.
     #[command(flatten)]
     pub common: CommonArgs,

@@ -1,8 +1,9 @@
 //! `hbone-proxy`: the bundled HBONE node proxy. Takes each enrolled pod's netns from the node agent over
-//! ZDS, listens inside the pod (15001, 15006, 15008) and carries mesh traffic over HBONE.
+//! ZDS, listens inside the pod (15001, 15006, 15008, DNS on 15053) and carries mesh traffic over HBONE.
 
 mod config;
 mod directory;
+mod dns;
 mod endpoints;
 mod inbound;
 mod mesh;
@@ -13,6 +14,7 @@ mod sockets;
 mod workloads;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
@@ -23,6 +25,9 @@ use crate::config::Config;
 use crate::directory::Directory;
 use crate::mesh::Mesh;
 use crate::workloads::Workloads;
+
+/// The host's resolver configuration: the DNS upstreams when `DNS_UPSTREAMS` is not set.
+const RESOLV_CONF: &str = "/etc/resolv.conf";
 
 fn main() -> anyhow::Result<()> {
     let config = Config::from_env_and_args();
@@ -50,7 +55,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let addr = SocketAddr::new(config.common.listen_address, port);
         endpoints::serve(addr, probes.clone()).await.with_context(|| format!("binding {addr}"))?;
     }
-    let mesh = Arc::new(Mesh { ca, tls, directory, metrics });
+    let dns = dns::Upstreams::new(&config.dns_upstreams, Path::new(RESOLV_CONF)).context("DNS upstreams")?;
+    tracing::info!(upstreams = ?dns.addrs(), "DNS forwarder upstreams");
+    let mesh = Arc::new(Mesh { ca, tls, directory, dns, metrics });
     let shutdown = daemon::signals::shutdown_signal()?;
     tokio::select! {
         () = Workloads::new(mesh, probes).run(&config.inpod_uds) => {}

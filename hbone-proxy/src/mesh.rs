@@ -1,9 +1,10 @@
 //! The node-wide state every pod proxy shares: the CA that mints pod certificates, the mesh TLS policy,
-//! the workload directory and the metrics.
+//! the workload directory, the DNS upstreams and the metrics.
 
 use hbone::{MeshCa, MeshTls};
 
 use crate::directory::Directory;
+use crate::dns::Upstreams;
 use crate::metrics::Metrics;
 
 /// Shared by all pod proxies of the node.
@@ -15,6 +16,8 @@ pub struct Mesh {
     pub tls: MeshTls,
     /// Which destinations speak HBONE, and as whom.
     pub directory: Directory,
+    /// Where the pods' DNS forwarders send queries.
+    pub dns: Upstreams,
     /// Connection and proxy counters.
     pub metrics: Metrics,
 }

@@ -1,5 +1,5 @@
 //! One enrolled pod's proxy: its identity and certificate, its HBONE client pool, and the in-pod listeners
-//! (15001 outbound, 15006 inbound plaintext, 15008 inbound HBONE) that live as long as this value.
+//! (15001 outbound, 15006 inbound plaintext, 15008 inbound HBONE, 15053 DNS) that live as long as this value.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use zds::messages::WorkloadInfo;
 
 use crate::mesh::Mesh;
-use crate::{inbound, outbound, sockets};
+use crate::{dns, inbound, outbound, sockets};
 
 /// Port of the outbound capture listener.
 pub const OUTBOUND_PORT: u16 = 15001;
@@ -133,6 +133,15 @@ impl PodProxy {
             listeners.spawn(accept_loop(bind(HBONE_PORT)?, move |s, _peer| {
                 inbound::hbone(ctx_hbone.clone(), tls.clone(), s, stop.subscribe())
             }));
+        }
+        let forwarder = dns::Forwarder::new(uid, netns.clone(), mesh.dns.clone());
+        for addr in dns::listen_addrs(&ips) {
+            let tcp =
+                sockets::listen_in(&netns, addr).map_err(|e| netns_err(&format!("listening on tcp {addr}"), e))?;
+            let udp = dns::bind_udp(&netns, addr).map_err(|e| netns_err(&format!("binding udp {addr}"), e))?;
+            let fwd = forwarder.clone();
+            listeners.spawn(accept_loop(tcp, move |s, peer| dns::serve_tcp(fwd.clone(), s, peer)));
+            listeners.spawn(dns::serve_udp(forwarder.clone(), udp));
         }
         tracing::info!(uid, %identity, ?ips, "pod proxy started");
         Ok(PodProxy { netns_id, _stop: stop, _listeners: listeners })
