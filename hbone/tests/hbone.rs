@@ -171,6 +171,51 @@ fn request(src: &Arc<WorkloadCert>, server: &Server, dst_identity: &Identity, au
     }
 }
 
+/// What most tests start from: a mesh, an HBONE server on a fresh loopback IP and a client certificate for
+/// `client`; requests from it always ask for the identity `server`.
+struct Scene {
+    mesh: Mesh,
+    ip: IpAddr,
+    server: Server,
+    client: Arc<WorkloadCert>,
+}
+
+impl Scene {
+    /// A scene whose server presents `server_sa`'s certificate and serves with `options`.
+    async fn start(server_sa: &str, options: ServeOptions) -> Self {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let server = start_server(&mesh, ip, &id(server_sa), options).await;
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        Scene { mesh, ip, server, client }
+    }
+
+    /// The usual scene: the server is `server` with default serve options.
+    async fn new() -> Self {
+        Self::start("server", ServeOptions::default()).await
+    }
+
+    /// A pool of this mesh with `config`.
+    fn pool(&self, config: PoolConfig) -> Pool {
+        Pool::new(self.mesh.tls.clone(), config)
+    }
+
+    /// A request from `client` through the server to `authority`.
+    fn request(&self, authority: SocketAddr) -> ConnectRequest {
+        request(&self.client, &self.server, &id("server"), authority)
+    }
+}
+
+/// A raw TLS handshake with `config` to `addr`, for clients the mesh config would never build.
+async fn raw_tls(
+    config: rustls::ClientConfig,
+    addr: SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await
+}
+
 /// Sends `data` through `stream`, shuts down the write side, and returns everything read back.
 async fn exchange(stream: hbone::H2Stream, data: Vec<u8>) -> Vec<u8> {
     let (mut r, mut w) = tokio::io::split(stream);
@@ -188,24 +233,21 @@ async fn exchange(stream: hbone::H2Stream, data: Vec<u8>) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_round_trip_carries_8_mib_each_way() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let app = echo_app(ip).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+        let mut scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
+        let pool = scene.pool(PoolConfig::default());
 
-        let stream = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+        let stream = pool.connect(&scene.request(app)).await.unwrap();
         let data = random_bytes(8 * 1024 * 1024);
         let back = exchange(stream, data.clone()).await;
         assert_eq!(summary(&back), summary(&data));
 
-        let (req, transfer) = server.finished.recv().await.unwrap();
+        let (req, transfer) = scene.server.finished.recv().await.unwrap();
         assert_eq!((transfer.to_target, transfer.from_target), (8 << 20, 8 << 20));
         assert!(transfer.error.is_none(), "{:?}", transfer.error);
         assert_eq!(req.peer_identity, id("client"));
         assert_eq!(req.authority, app);
-        assert_eq!(req.local.ip(), ip);
+        assert_eq!(req.local.ip(), scene.ip);
         assert_eq!(req.headers["forwarded"], "for=\"10.1.2.3:40000\"");
         assert_eq!(req.headers["baggage"], "k8s.namespace.name=ns1,k8s.deployment.name=client");
         let traceparent = req.headers["traceparent"].to_str().unwrap();
@@ -217,14 +259,11 @@ async fn connect_round_trip_carries_8_mib_each_way() {
 #[tokio::test]
 async fn half_close_client_shuts_write_and_still_reads_the_answer() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let app = digest_app(ip).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+        let scene = Scene::new().await;
+        let app = digest_app(scene.ip).await;
+        let pool = scene.pool(PoolConfig::default());
 
-        let mut stream = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+        let mut stream = pool.connect(&scene.request(app)).await.unwrap();
         let data = random_bytes(1024 * 1024 + 17);
         stream.write_all(&data).await.unwrap();
         stream.shutdown().await.unwrap();
@@ -239,21 +278,20 @@ async fn half_close_client_shuts_write_and_still_reads_the_answer() {
 #[tokio::test]
 async fn server_rejects_client_from_another_trust_domain_or_ca() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let app = echo_app(ip).await;
-        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+        let mut scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
+        let pool = scene.pool(PoolConfig::default());
+        let server = &mut scene.server;
 
-        let foreign = Arc::new(mesh.ca.mint(&Identity::new("other.domain", "ns1", "client").unwrap()).unwrap());
-        let result = pool.connect(&request(&foreign, &server, &id("server"), app)).await;
+        let foreign = Arc::new(scene.mesh.ca.mint(&Identity::new("other.domain", "ns1", "client").unwrap()).unwrap());
+        let result = pool.connect(&request(&foreign, server, &id("server"), app)).await;
         assert!(result.is_err(), "a foreign trust domain got a tunnel");
         let err = server.handshake_errors.recv().await.unwrap().to_string();
         assert!(err.contains("trust domain cluster.local"), "{err}");
 
         // A client of another mesh CA (that trusts our server's roots, so only the server decides).
         let stranger = Arc::new(new_mesh().ca.mint(&id("client")).unwrap());
-        assert!(pool.connect(&request(&stranger, &server, &id("server"), app)).await.is_err());
+        assert!(pool.connect(&request(&stranger, server, &id("server"), app)).await.is_err());
         let err = server.handshake_errors.recv().await.unwrap().to_string();
         assert!(err.contains("certificate rejected"), "{err}");
         assert!(server.finished.try_recv().is_err(), "no tunnel was opened");
@@ -264,14 +302,11 @@ async fn server_rejects_client_from_another_trust_domain_or_ca() {
 #[tokio::test]
 async fn client_refuses_server_with_the_wrong_identity() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let server = start_server(&mesh, ip, &id("impostor"), ServeOptions::default()).await;
-        let app = echo_app(ip).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+        let scene = Scene::start("impostor", ServeOptions::default()).await;
+        let app = echo_app(scene.ip).await;
+        let pool = scene.pool(PoolConfig::default());
 
-        let err = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap_err();
+        let err = pool.connect(&scene.request(app)).await.unwrap_err();
         assert!(matches!(err, ConnectError::Tls(_)), "{err}");
         let text = err.to_string();
         assert!(text.contains("is not spiffe://cluster.local/ns/ns1/sa/server"), "{text}");
@@ -281,16 +316,13 @@ async fn client_refuses_server_with_the_wrong_identity() {
 }
 
 async fn connect_status(authority: impl FnOnce(IpAddr, SocketAddr) -> SocketAddr) -> StatusCode {
-    let mesh = new_mesh();
-    let ip = next_ip();
-    let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-    let app = echo_app(ip).await;
-    let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-    let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
-    let target = authority(ip, app);
-    match pool.connect(&request(&client, &server, &id("server"), target)).await {
+    let mut scene = Scene::new().await;
+    let app = echo_app(scene.ip).await;
+    let pool = scene.pool(PoolConfig::default());
+    let target = authority(scene.ip, app);
+    match pool.connect(&scene.request(target)).await {
         Err(ConnectError::Status { status, .. }) => {
-            assert!(server.finished.try_recv().is_err(), "a refused request reached the handler's splice");
+            assert!(scene.server.finished.try_recv().is_err(), "a refused request reached the handler's splice");
             status
         }
         other => panic!("expected a refusal, got {other:?}"),
@@ -325,14 +357,11 @@ async fn app_connect_failure_gets_503() {
 #[tokio::test]
 async fn plain_get_gets_400_and_alpn_is_h2() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let app = echo_app(ip).await;
-        let client = mesh.ca.mint(&id("client")).unwrap();
+        let scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
 
-        let tcp = TcpStream::connect(server.addr).await.unwrap();
-        let tls = mesh.tls.connect(tcp, &client, &id("server")).await.unwrap();
+        let tcp = TcpStream::connect(scene.server.addr).await.unwrap();
+        let tls = scene.mesh.tls.connect(tcp, &scene.client, &id("server")).await.unwrap();
         assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
         assert_eq!(tls.get_ref().1.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_3));
         let (send, connection) = h2::client::handshake(tls).await.unwrap();
@@ -348,17 +377,12 @@ async fn plain_get_gets_400_and_alpn_is_h2() {
 #[tokio::test]
 async fn client_without_h2_alpn_is_rejected() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let client = mesh.ca.mint(&id("client")).unwrap();
-        let mut config = (*mesh.tls.client_config(&client, &id("server")).unwrap()).clone();
+        let mut scene = Scene::new().await;
+        let mut config = (*scene.mesh.tls.client_config(&scene.client, &id("server")).unwrap()).clone();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let tcp = TcpStream::connect(server.addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::IpAddress(ip.into());
-        let result = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await;
+        let result = raw_tls(config, scene.server.addr).await;
         assert!(result.is_err(), "handshake without h2 succeeded");
-        let err = server.handshake_errors.recv().await.unwrap().to_string();
+        let err = scene.server.handshake_errors.recv().await.unwrap().to_string();
         assert!(err.contains("protocol"), "{err}");
     })
     .await
@@ -367,12 +391,10 @@ async fn client_without_h2_alpn_is_rejected() {
 #[tokio::test]
 async fn tls12_client_is_rejected() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let mut server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let client = mesh.ca.mint(&id("client")).unwrap();
+        let mut scene = Scene::new().await;
+        let client = &scene.client;
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(mesh.ca.roots()[0].clone()).unwrap();
+        roots.add(scene.mesh.ca.roots()[0].clone()).unwrap();
         let mut config =
             rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_protocol_versions(&[&rustls::version::TLS12])
@@ -381,11 +403,9 @@ async fn tls12_client_is_rejected() {
                 .with_client_auth_cert(client.chain().to_vec(), client.private_key())
                 .unwrap();
         config.alpn_protocols = vec![b"h2".to_vec()];
-        let tcp = TcpStream::connect(server.addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::IpAddress(ip.into());
-        let err = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap_err().to_string();
+        let err = raw_tls(config, scene.server.addr).await.unwrap_err().to_string();
         assert!(err.to_lowercase().contains("version"), "{err}");
-        let server_err = server.handshake_errors.recv().await.unwrap().to_string();
+        let server_err = scene.server.handshake_errors.recv().await.unwrap().to_string();
         assert!(server_err.contains("Tls12NotOffered"), "{server_err}");
     })
     .await
@@ -394,24 +414,21 @@ async fn tls12_client_is_rejected() {
 #[tokio::test]
 async fn pool_reuses_one_connection_and_coalesces_concurrent_first_connects() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let app = echo_app(ip).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
 
-        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+        let pool = scene.pool(PoolConfig::default());
         for i in 0..3u8 {
-            let stream = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+            let stream = pool.connect(&scene.request(app)).await.unwrap();
             assert_eq!(exchange(stream, vec![i; 1000]).await, vec![i; 1000]);
         }
-        assert_eq!(server.accepted.load(Ordering::SeqCst), 1, "sequential streams share one connection");
+        assert_eq!(scene.server.accepted.load(Ordering::SeqCst), 1, "sequential streams share one connection");
 
-        let fresh = Pool::new(mesh.tls.clone(), PoolConfig::default());
-        let other_client = Arc::new(mesh.ca.mint(&id("other-client")).unwrap());
+        let fresh = scene.pool(PoolConfig::default());
+        let other_client = Arc::new(scene.mesh.ca.mint(&id("other-client")).unwrap());
         let streams = (0..10u8).map(|i| {
             let pool = fresh.clone();
-            let req = request(&other_client, &server, &id("server"), app);
+            let req = request(&other_client, &scene.server, &id("server"), app);
             tokio::spawn(async move {
                 let stream = pool.connect(&req).await.unwrap();
                 exchange(stream, vec![i; 5000]).await == vec![i; 5000]
@@ -419,7 +436,7 @@ async fn pool_reuses_one_connection_and_coalesces_concurrent_first_connects() {
         });
         let results: Vec<_> = futures_join(streams).await;
         assert!(results.iter().all(|ok| *ok), "{results:?}");
-        assert_eq!(server.accepted.load(Ordering::SeqCst), 2, "10 concurrent first connects, one handshake");
+        assert_eq!(scene.server.accepted.load(Ordering::SeqCst), 2, "10 concurrent first connects, one handshake");
         assert_eq!(fresh.connection_count(), 1);
     })
     .await
@@ -428,23 +445,17 @@ async fn pool_reuses_one_connection_and_coalesces_concurrent_first_connects() {
 #[tokio::test]
 async fn pool_respects_the_stream_cap_and_closes_idle_connections() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let app = echo_app(ip).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-        let pool = Pool::new(
-            mesh.tls.clone(),
-            PoolConfig {
-                max_streams_per_connection: 2,
-                idle_timeout: Duration::from_millis(200),
-                ..Default::default()
-            },
-        );
-        let req = request(&client, &server, &id("server"), app);
+        let scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
+        let pool = scene.pool(PoolConfig {
+            max_streams_per_connection: 2,
+            idle_timeout: Duration::from_millis(200),
+            ..Default::default()
+        });
+        let req = scene.request(app);
         let open =
             [pool.connect(&req).await.unwrap(), pool.connect(&req).await.unwrap(), pool.connect(&req).await.unwrap()];
-        assert_eq!(server.accepted.load(Ordering::SeqCst), 2, "the third stream needed a second connection");
+        assert_eq!(scene.server.accepted.load(Ordering::SeqCst), 2, "the third stream needed a second connection");
         assert_eq!(pool.connection_count(), 2);
         drop(open);
         wait_until(|| pool.connection_count() == 0).await;
@@ -455,24 +466,21 @@ async fn pool_respects_the_stream_cap_and_closes_idle_connections() {
 #[tokio::test]
 async fn rotated_certificate_serves_new_connections_while_old_stream_flows() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let app = echo_app(ip).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
+        let scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
+        let pool = scene.pool(PoolConfig::default());
 
-        let mut old = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
+        let mut old = pool.connect(&scene.request(app)).await.unwrap();
         let mut buf = [0u8; 5];
         old.write_all(b"first").await.unwrap();
         old.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"first");
 
-        let rotated = mesh.ca.mint(&id("server")).unwrap();
-        server.certs.set(ip, &rotated).unwrap();
+        let rotated = scene.mesh.ca.mint(&id("server")).unwrap();
+        scene.server.certs.set(scene.ip, &rotated).unwrap();
 
-        let tcp = TcpStream::connect(server.addr).await.unwrap();
-        let tls = mesh.tls.connect(tcp, &client, &id("server")).await.unwrap();
+        let tcp = TcpStream::connect(scene.server.addr).await.unwrap();
+        let tls = scene.mesh.tls.connect(tcp, &scene.client, &id("server")).await.unwrap();
         let presented = &tls.get_ref().1.peer_certificates().unwrap()[0];
         assert_eq!(presented, &rotated.chain()[0], "a new handshake presents the rotated certificate");
 
@@ -485,19 +493,21 @@ async fn rotated_certificate_serves_new_connections_while_old_stream_flows() {
     .await
 }
 
+/// A scene whose server drains for `deadline`, told to shut down while `pool` has a stream open to an echo app.
+async fn shutdown_with_open_stream(deadline: Duration) -> (Scene, Pool, hbone::H2Stream) {
+    let options = ServeOptions { drain_deadline: deadline, ..Default::default() };
+    let scene = Scene::start("server", options).await;
+    let app = echo_app(scene.ip).await;
+    let pool = scene.pool(PoolConfig::default());
+    let open = pool.connect(&scene.request(app)).await.unwrap();
+    scene.server.shutdown.send(true).unwrap();
+    (scene, pool, open)
+}
+
 #[tokio::test]
 async fn graceful_shutdown_sends_goaway_and_drains_open_streams() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let options = ServeOptions { drain_deadline: Duration::from_secs(20), ..Default::default() };
-        let mut server = start_server(&mesh, ip, &id("server"), options).await;
-        let app = echo_app(ip).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
-
-        let mut open = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
-        server.shutdown.send(true).unwrap();
+        let (mut scene, pool, mut open) = shutdown_with_open_stream(Duration::from_secs(20)).await;
         // After GOAWAY the pool no longer gets streams on that connection: it dials a new one.
         wait_until(|| pool.connection_count() == 0).await;
 
@@ -508,7 +518,7 @@ async fn graceful_shutdown_sends_goaway_and_drains_open_streams() {
         open.shutdown().await.unwrap();
         assert_eq!(open.read(&mut buf).await.unwrap(), 0);
         drop(open);
-        server.served.recv().await.unwrap().expect("drained before the deadline");
+        scene.server.served.recv().await.unwrap().expect("drained before the deadline");
     })
     .await
 }
@@ -516,17 +526,8 @@ async fn graceful_shutdown_sends_goaway_and_drains_open_streams() {
 #[tokio::test]
 async fn drain_deadline_cuts_streams_that_do_not_finish() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let options = ServeOptions { drain_deadline: Duration::from_millis(300), ..Default::default() };
-        let mut server = start_server(&mesh, ip, &id("server"), options).await;
-        let app = echo_app(ip).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-        let pool = Pool::new(mesh.tls.clone(), PoolConfig::default());
-
-        let mut open = pool.connect(&request(&client, &server, &id("server"), app)).await.unwrap();
-        server.shutdown.send(true).unwrap();
-        let served = server.served.recv().await.unwrap();
+        let (mut scene, _pool, mut open) = shutdown_with_open_stream(Duration::from_millis(300)).await;
+        let served = scene.server.served.recv().await.unwrap();
         assert!(matches!(served, Err(hbone::ServeError::DrainDeadline(_))), "{served:?}");
         let mut buf = [0u8; 1];
         assert!(open.read(&mut buf).await.map(|n| n == 0).unwrap_or(true), "the cut stream ends");
@@ -590,24 +591,15 @@ async fn freezing_relay(ip: IpAddr, target: SocketAddr) -> (SocketAddr, watch::S
 #[tokio::test]
 async fn keepalive_drops_a_connection_whose_peer_stops_answering_pings() {
     within(async {
-        let mesh = new_mesh();
-        let ip = next_ip();
-        let server = start_server(&mesh, ip, &id("server"), ServeOptions::default()).await;
-        let app = echo_app(ip).await;
+        let scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
         let relay_ip = next_ip();
-        let (relay, freeze) = freezing_relay(relay_ip, server.addr).await;
-        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
-        let pool = Pool::new(
-            mesh.tls.clone(),
-            PoolConfig {
-                keepalive: hbone::Keepalive {
-                    interval: Duration::from_millis(100),
-                    timeout: Duration::from_millis(300),
-                },
-                ..Default::default()
-            },
-        );
-        let mut req = request(&client, &server, &id("server"), app);
+        let (relay, freeze) = freezing_relay(relay_ip, scene.server.addr).await;
+        let pool = scene.pool(PoolConfig {
+            keepalive: hbone::Keepalive { interval: Duration::from_millis(100), timeout: Duration::from_millis(300) },
+            ..Default::default()
+        });
+        let mut req = scene.request(app);
         req.dst = relay;
         let mut stream = pool.connect(&req).await.unwrap();
         let mut buf = [0u8; 4];

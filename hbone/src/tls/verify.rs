@@ -80,36 +80,48 @@ pub(crate) struct Chain {
 }
 
 impl Chain {
-    fn verify(
+    /// Verifies `end_entity`'s chain to the mesh roots for `usage`, then lets `peer_check` judge its identity.
+    fn verify_peer(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
         usage: webpki::KeyUsage,
+        peer_check: impl FnOnce(&CertificateDer<'_>) -> Result<(), PeerIdentityError>,
     ) -> Result<(), rustls::Error> {
         let cert = webpki::EndEntityCert::try_from(end_entity).map_err(pki_error)?;
         cert.verify_for_usage(self.algs.all, &self.anchors, intermediates, now, usage, None, None)
-            .map(|_| ())
-            .map_err(pki_error)
+            .map_err(pki_error)?;
+        peer_check(end_entity).map_err(rejected)
     }
+}
 
-    fn tls12(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algs)
-    }
+/// The handshake signature checks and schemes that both verifier traits ask for, answered from the
+/// verifier's `chain` so the client and server sides cannot drift apart.
+macro_rules! signatures_from_chain {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(message, cert, dss, &self.chain.algs)
+        }
 
-    fn tls13(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algs)
-    }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.chain.algs)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.chain.algs.supported_schemes()
+        }
+    };
 }
 
 fn pki_error(e: webpki::Error) -> rustls::Error {
@@ -141,32 +153,13 @@ impl ClientCertVerifier for MeshClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.chain.verify(end_entity, intermediates, now, webpki::KeyUsage::client_auth())?;
-        identity_in_trust_domain(end_entity, &self.trust_domain).map_err(rejected)?;
+        self.chain.verify_peer(end_entity, intermediates, now, webpki::KeyUsage::client_auth(), |cert| {
+            identity_in_trust_domain(cert, &self.trust_domain).map(|_| ())
+        })?;
         Ok(ClientCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.tls12(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.tls13(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.chain.algs.supported_schemes()
-    }
+    signatures_from_chain!();
 }
 
 /// Client side: accepts a server whose chain reaches the mesh roots and which is the expected identity.
@@ -185,34 +178,17 @@ impl ServerCertVerifier for MeshServerVerifier {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.chain.verify(end_entity, intermediates, now, webpki::KeyUsage::server_auth())?;
-        let expected = self.expected.to_string();
-        let found = uri_sans(end_entity).map_err(rejected)?;
-        if !found.contains(&expected) {
-            return Err(rejected(PeerIdentityError::Mismatch { expected, found }));
-        }
+        self.chain.verify_peer(end_entity, intermediates, now, webpki::KeyUsage::server_auth(), |cert| {
+            let expected = self.expected.to_string();
+            let found = uri_sans(cert)?;
+            if found.contains(&expected) {
+                Ok(())
+            } else {
+                Err(PeerIdentityError::Mismatch { expected, found })
+            }
+        })?;
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.tls12(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.tls13(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.chain.algs.supported_schemes()
-    }
+    signatures_from_chain!();
 }
