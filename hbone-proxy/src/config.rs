@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use daemon::common_args::CommonArgs;
@@ -30,6 +31,9 @@ pub struct Config {
     /// A YAML file in ztunnel's local-config shape (`workloads:`) describing mesh destinations; watched.
     #[arg(long, env = "LOCAL_WORKLOADS")]
     pub local_workloads: Option<PathBuf>,
+    /// On SIGTERM, how long open connections may take to finish (a Go duration such as `5s` or `1m30s`).
+    #[arg(long, env = "CONNECTION_TERMINATION_DEADLINE", default_value = "5s", value_parser = parse_duration)]
+    pub termination_deadline: Duration,
     /// Upstream resolvers of the in-pod DNS forwarder (comma-separated `ip[:port]`); by default the
     /// nameservers of the host's /etc/resolv.conf, read at startup.
     #[arg(long, env = "DNS_UPSTREAMS", value_delimiter = ',', value_parser = crate::dns::parse_upstream)]
@@ -46,5 +50,47 @@ impl Config {
             .mut_arg("readiness_port", |arg| arg.default_value(READINESS_PORT))
             .mut_arg("monitoring_port", |arg| arg.default_value(METRICS_PORT));
         Self::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// Parses a Go-style duration (`5s`, `500ms`, `1m30s`), the form Istio's environment variables take.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let invalid = || format!("{text:?} is not a duration such as 5s, 500ms or 1m30s");
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().map_err(|_| invalid())?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(invalid()),
+        };
+        rest = &rest[unit_len..];
+        total += Duration::from_secs_f64(number * scale);
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_parse_and_junk_is_refused() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        for junk in ["", "5", "s", "5x", "-1s"] {
+            assert!(parse_duration(junk).is_err(), "{junk:?} accepted");
+        }
     }
 }

@@ -65,11 +65,17 @@ pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut st
         }
     };
     let uid = pod.uid.clone();
+    let options = ServeOptions { drain_deadline: pod.mesh.termination_deadline, ..ServeOptions::default() };
+    let drain = pod.mesh.drain.clone();
     let stopped = async move {
-        // The sender never sends: the pod proxy dropping it is the signal.
-        while stop.changed().await.is_ok() {}
+        // The sender never sends: the pod proxy dropping it is the signal; so is the proxy's drain (SIGTERM).
+        let pod_stopped = async { while stop.changed().await.is_ok() {} };
+        tokio::select! {
+            () = pod_stopped => {}
+            _ = drain.signaled() => {}
+        }
     };
-    if let Err(error) = hbone::serve(accepted, Arc::new(ToApp { pod }), ServeOptions::default(), stopped).await {
+    if let Err(error) = hbone::serve(accepted, Arc::new(ToApp { pod }), options, stopped).await {
         tracing::info!(%uid, %error, "inbound HBONE connection ended");
     }
 }

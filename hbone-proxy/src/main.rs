@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
+use daemon::drain::{Drain, DrainMode};
 use daemon::probes::ProbeState;
 use hbone::{MeshCa, MeshTls};
 
@@ -57,11 +58,20 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     let dns = dns::Upstreams::new(&config.dns_upstreams, Path::new(RESOLV_CONF)).context("DNS upstreams")?;
     tracing::info!(upstreams = ?dns.addrs(), "DNS forwarder upstreams");
-    let mesh = Arc::new(Mesh { ca, tls, directory, dns, metrics });
+    let (drain, watcher) = Drain::new();
+    let deadline = config.termination_deadline;
+    let mesh = Arc::new(Mesh { ca, tls, directory, dns, metrics, drain: watcher, termination_deadline: deadline });
     let shutdown = daemon::signals::shutdown_signal()?;
     tokio::select! {
         () = Workloads::new(mesh, probes).run(&config.inpod_uds) => {}
-        signal = shutdown => tracing::info!(?signal, "shutting down"),
+        signal = shutdown => tracing::info!(?signal, ?deadline, "shutting down: draining connections"),
+    }
+    // Dropping the workloads closed every listener and sent GOAWAY on the inbound HBONE connections; open
+    // connections may finish until the deadline, and are cut when the process exits.
+    drain.start(DrainMode::Graceful);
+    match tokio::time::timeout(deadline, drain.drained()).await {
+        Ok(()) => tracing::info!("all connections finished"),
+        Err(_) => tracing::warn!(?deadline, "connections still open at the termination deadline: closing them"),
     }
     Ok(())
 }

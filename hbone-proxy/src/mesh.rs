@@ -1,6 +1,9 @@
 //! The node-wide state every pod proxy shares: the CA that mints pod certificates, the mesh TLS policy,
 //! the workload directory, the DNS upstreams and the metrics.
 
+use std::time::Duration;
+
+use daemon::drain::DrainWatcher;
 use hbone::{MeshCa, MeshTls};
 
 use crate::directory::Directory;
@@ -20,6 +23,12 @@ pub struct Mesh {
     pub dns: Upstreams,
     /// Connection and proxy counters.
     pub metrics: Metrics,
+    /// Every pod and every connection holds the mesh (through its pod), so this watcher lives until the last
+    /// of them is gone: that is when `main`'s drain completes.
+    pub drain: DrainWatcher,
+    /// How long open connections may take to finish once the pod or the proxy is stopping
+    /// (`CONNECTION_TERMINATION_DEADLINE`).
+    pub termination_deadline: Duration,
 }
 
 impl Mesh {

@@ -1,0 +1,514 @@
+//! Error paths and lifecycle of the real `hbone-proxy` between ambient pods A and B on one node (the real node
+//! agent, pods created through the fake CNI runtime): identity and protocol refusals, half-close through both
+//! proxies, and the graceful drain on SIGTERM. The proxy runs with a mesh CA the test created, so the test can
+//! also speak HBONE to B's 15008 itself, as another mesh proxy would.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hbone::{
+    Baggage, ConnectError, ConnectRequest, Dialer, H2Stream, Identity, MeshCa, MeshTls, Pool, PoolConfig, WorkloadCert,
+};
+use http::StatusCode;
+use http_body_util::Empty;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use netns::Netns;
+use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
+use serde_json::{json, Value};
+use tests::install_cni::eventually;
+use tests::mesh::RuleBackend;
+use tests::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent};
+use tests::{Cluster, NetnsGuard, Pod};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const NS: &str = "shop";
+const TD: &str = "cluster.local";
+const APP_PORT: u16 = 8080;
+const B_SA: &str = "b-sa";
+/// Where the proxy serves `/healthz/ready` (Istio's port), inside the node netns.
+const READY_PORT: u16 = 15021;
+/// The mark the proxy puts on its sockets; the in-pod rules let such traffic through uncaptured.
+const PROXY_MARK: u32 = 0x539;
+/// Bound on every async part of a test.
+const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The `hbone-proxy` binary running in the node netns; killed on drop, its log printed if the test failed.
+struct Proxy {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proxy {
+    fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, env: &[(&str, &Path)]) -> Self {
+        let log = dir.join("hbone-proxy.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hbone-proxy"));
+        cmd.env_clear()
+            .env("INPOD_UDS", agent.zds_socket())
+            .env("STATE_DIR", dir.join("state"))
+            .env("LOG_LEVEL", "debug,h2=info,rustls=info,hyper=info")
+            .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("proxy log file"));
+        let node = cluster.node.netns().open().expect("open node netns");
+        let child = node.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
+        let mut proxy = Proxy { child, log };
+        let netns = cluster.node.netns().path();
+        eventually("hbone-proxy answers /healthz/ready with 200", || {
+            if let Ok(Some(status)) = proxy.child.try_wait() {
+                panic!("hbone-proxy exited with {status}; log:\n{}", proxy.log());
+            }
+            ready(&netns).then_some(())
+        });
+        proxy
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM, as the kubelet does; returns when it was sent.
+    fn terminate(&self) -> Instant {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM hbone-proxy");
+        Instant::now()
+    }
+
+    /// The exit status once the proxy has exited, polled until `limit` after `since`.
+    fn exit_within(&mut self, since: Instant, limit: Duration) -> Option<ExitStatus> {
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll hbone-proxy") {
+                return Some(status);
+            }
+            if since.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("hbone-proxy log:\n{}", self.log());
+        }
+    }
+}
+
+/// Whether the proxy answers 200 on `/healthz/ready` inside `netns`.
+fn ready(netns: &Path) -> bool {
+    let Ok(ns) = Netns::open(netns) else { return false };
+    let answer = ns.run(|| -> io::Result<String> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], READY_PORT));
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(stream, "GET /healthz/ready HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw)?;
+        Ok(raw)
+    });
+    matches!(answer, Ok(Ok(raw)) if raw.starts_with("HTTP/1.1 200"))
+}
+
+/// Whether anything listens on `port` in `ns`.
+fn listening(ns: &NetnsGuard, port: u16) -> bool {
+    !ns.exec_ok(&["ss", "-Hltn", &format!("sport = :{port}")]).trim().is_empty()
+}
+
+fn workload(cluster: &Cluster, name: &str, sa: &str, ip: IpAddr) -> Value {
+    json!({
+        "uid": uid(cluster, NS, name), "name": name, "namespace": NS, "serviceAccount": sa,
+        "trustDomain": TD, "workloadIps": [ip], "protocol": "HBONE", "node": "node-1",
+    })
+}
+
+/// A node with the agent and the proxy running (its CA in `cacerts` made by the test), and ambient pods A
+/// (service account a-sa) and B (b-sa).
+struct Scene {
+    // Dropped first, while its log file still exists.
+    proxy: Proxy,
+    cluster: Cluster,
+    _agent: NodeAgent,
+    dir: tempfile::TempDir,
+    ca: MeshCa,
+    a: Pod,
+    b: Pod,
+}
+
+impl Scene {
+    /// The local workloads file lists B with service account `b_listed_sa`; open connections get
+    /// `termination_deadline` (a Go duration) on SIGTERM.
+    fn new(b_listed_sa: &str, termination_deadline: &str) -> Self {
+        let cluster = Cluster::with_backend(RuleBackend::Nftables);
+        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+        let agent = NodeAgent::start(&cluster, &[]);
+        let dir = tempfile::tempdir().expect("scratch dir");
+        let cacerts = dir.path().join("cacerts");
+        let ca = MeshCa::load_or_create(&cacerts, TD).expect("test mesh CA");
+        let deadline = PathBuf::from(termination_deadline);
+        let workloads = dir.path().join("workloads.yaml");
+        let env = [
+            ("CA_DIR", cacerts.as_path()),
+            ("LOCAL_WORKLOADS", workloads.as_path()),
+            ("CONNECTION_TERMINATION_DEADLINE", deadline.as_path()),
+        ];
+        let proxy = Proxy::start(&cluster, &agent, dir.path(), &env);
+        let mut pods = Vec::new();
+        for (name, sa) in [("a", "a-sa"), ("b", B_SA)] {
+            let mut pod = ambient_pod(NS, name);
+            pod["spec"]["serviceAccountName"] = json!(sa);
+            cluster.create(&pod);
+            // ADD returns only after the proxy acked the pod, i.e. its listeners are up.
+            pods.push(cluster.node.try_add_pod_with(ambient_conflist(&cluster), name, NS).expect("CNI ADD"));
+        }
+        let (b, a) = (pods.pop().unwrap(), pods.pop().unwrap());
+        let scene = Scene { proxy, cluster, _agent: agent, dir, ca, a, b };
+        scene.list_b_as(b_listed_sa);
+        scene
+    }
+
+    /// Rewrites the local workloads file with B under service account `sa` and waits for the proxy to reload it.
+    fn list_b_as(&self, sa: &str) {
+        let listing = json!({ "workloads": [
+            workload(&self.cluster, "a", "a-sa", self.a.ip.into()),
+            workload(&self.cluster, "b", sa, self.b.ip.into()),
+        ]});
+        let loaded = "workload directory updated source=\"local-file\" addresses=2";
+        let before = self.proxy.log().matches(loaded).count();
+        std::fs::write(self.dir.path().join("workloads.yaml"), serde_yaml::to_string(&listing).expect("yaml"))
+            .expect("write workloads");
+        eventually("the proxy reloaded the workloads file", || {
+            (self.proxy.log().matches(loaded).count() > before).then_some(())
+        });
+    }
+
+    /// A's app connects to B:8080 (captured by A's proxy).
+    fn a_connects_to_b(&self) -> TcpStream {
+        let a_ns = self.a.netns.open().expect("open pod A netns");
+        let dst = SocketAddr::from((self.b.ip, APP_PORT));
+        let stream = a_ns
+            .run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10)))
+            .expect("enter pod A netns")
+            .expect("A connects to B:8080");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("read timeout");
+        stream
+    }
+
+    /// B's app socket on 8080.
+    fn b_listener(&self) -> TcpListener {
+        let ns = self.b.netns.open().expect("open pod B netns");
+        ns.run(|| TcpListener::bind(("0.0.0.0", APP_PORT))).expect("enter pod B netns").expect("bind B's app")
+    }
+
+    /// B's app as an echo server for any number of connections; counts the connections it accepted.
+    fn b_echo(&self) -> Arc<AtomicUsize> {
+        let listener = self.b_listener();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                count.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    let mut reader = stream.try_clone().expect("clone socket");
+                    let _ = io::copy(&mut reader, &mut stream);
+                    let _ = stream.shutdown(Shutdown::Write);
+                });
+            }
+        });
+        accepted
+    }
+
+    /// B's identity as the mesh knows it.
+    fn b_identity(&self) -> Identity {
+        Identity::new(TD, NS, B_SA).expect("B's identity")
+    }
+
+    /// A certificate for a tester workload minted by the proxy's own CA, i.e. a valid mesh client.
+    fn mesh_client_cert(&self) -> Arc<WorkloadCert> {
+        Arc::new(self.ca.mint(&Identity::new(TD, NS, "tester").expect("identity")).expect("mint"))
+    }
+
+    /// An HBONE client of the test's own that dials from A's netns with the proxy mark, as A's proxy would.
+    fn client(&self) -> Pool {
+        let tls = MeshTls::new(TD, self.ca.roots()).expect("mesh TLS");
+        Pool::with_dialer(tls, PoolConfig::default(), marked_dialer(self.a.netns.path()))
+    }
+
+    /// CONNECT to `authority` over B's 15008 as `src`.
+    fn request(&self, src: &Arc<WorkloadCert>, authority: SocketAddr) -> ConnectRequest {
+        ConnectRequest {
+            src: src.clone(),
+            src_addr: SocketAddr::from((self.a.ip, 40000)),
+            dst: SocketAddr::from((self.b.ip, 15008)),
+            dst_identity: self.b_identity(),
+            authority,
+            baggage: Baggage::namespace(NS),
+            extra_headers: Default::default(),
+        }
+    }
+
+    fn b_app(&self) -> SocketAddr {
+        SocketAddr::from((self.b.ip, APP_PORT))
+    }
+}
+
+/// Opens the TCP connection in `netns` with the proxy mark (so the in-pod rules do not capture it).
+fn marked_dialer(netns: PathBuf) -> Dialer {
+    Arc::new(move |dst| {
+        let netns = netns.clone();
+        Box::pin(async move {
+            let stream = tokio::task::spawn_blocking(move || connect_marked(&netns, dst)).await??;
+            stream.set_nonblocking(true)?;
+            tokio::net::TcpStream::from_std(stream)
+        })
+    })
+}
+
+fn connect_marked(netns: &Path, dst: SocketAddr) -> io::Result<TcpStream> {
+    let ns = Netns::open(netns).map_err(|e| io::Error::other(e.to_string()))?;
+    ns.run(|| -> io::Result<TcpStream> {
+        let family = if dst.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+        let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+        setsockopt(&fd, sockopt::Mark, &PROXY_MARK)?;
+        connect(fd.as_raw_fd(), &SockaddrStorage::from(dst))?;
+        Ok(TcpStream::from(fd))
+    })
+    .map_err(|e| io::Error::other(e.to_string()))?
+}
+
+/// Runs `test` on a fresh runtime, bounded by [`TEST_TIMEOUT`].
+fn block_on<T>(test: impl std::future::Future<Output = T>) -> T {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    runtime.block_on(async { tokio::time::timeout(TEST_TIMEOUT, test).await.expect("test timed out") })
+}
+
+/// Writes `msg` on the tunnel and reads the echo back.
+async fn echo_through(stream: &mut H2Stream, msg: &[u8]) {
+    stream.write_all(msg).await.expect("write through the tunnel");
+    let mut got = vec![0; msg.len()];
+    stream.read_exact(&mut got).await.expect("read the echo");
+    assert_eq!(got, msg, "the echo came back through the tunnel");
+}
+
+/// Writes `msg` on A's app socket and reads the echo back.
+fn echo_plain(stream: &mut TcpStream, msg: &[u8]) {
+    stream.write_all(msg).expect("A writes");
+    let mut got = vec![0; msg.len()];
+    stream.read_exact(&mut got).expect("A reads the echo");
+    assert_eq!(got, msg, "B's echo reached A");
+}
+
+/// The CONNECT status B's proxy answers, or a panic if it answered 200.
+fn refusal(result: Result<H2Stream, ConnectError>) -> StatusCode {
+    match result {
+        Err(ConnectError::Status { status, .. }) => status,
+        other => panic!("expected a refusal status, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_refuses_b_when_b_does_not_prove_the_listed_identity() {
+    let scene = Scene::new("other", "5s");
+    let listener = scene.b_listener();
+    listener.set_nonblocking(true).expect("nonblocking listener");
+
+    let mut stream = scene.a_connects_to_b();
+    let _ = stream.write_all(b"hello");
+    let mut buf = [0; 16];
+    match stream.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        other => panic!("A's app should see its connection closed, got {other:?}"),
+    }
+    let refused = "server certificate is not spiffe://cluster.local/ns/shop/sa/other";
+    let line = eventually("the outbound access log records the identity error", || {
+        let log = scene.proxy.log();
+        log.lines().find(|l| l.contains("direction=\"outbound\"") && l.contains(refused)).map(str::to_owned)
+    });
+    assert!(line.contains("dst.identity=spiffe://cluster.local/ns/shop/sa/other"), "{line}");
+    assert!(matches!(listener.accept(), Err(e) if e.kind() == ErrorKind::WouldBlock), "B's app got a connection");
+
+    // The same pods work once the directory names B's real identity: the refusal was about identity only.
+    scene.list_b_as(B_SA);
+    let mut stream = scene.a_connects_to_b();
+    stream.write_all(b"hello").expect("A writes");
+    let (mut server, peer) = eventually("B's app accepts A's connection", || listener.accept().ok());
+    assert_eq!(peer.ip(), IpAddr::from(scene.a.ip), "B's app sees A's IP");
+    server.set_nonblocking(false).expect("blocking socket");
+    server.set_read_timeout(Some(Duration::from_secs(30))).expect("read timeout");
+    let mut got = [0; 5];
+    server.read_exact(&mut got).expect("B reads");
+    assert_eq!(&got, b"hello");
+}
+
+#[test]
+fn b_rejects_client_certificates_outside_its_trust_domain() {
+    let scene = Scene::new(B_SA, "5s");
+    let accepted = scene.b_echo();
+    let other_dir = tempfile::tempdir().expect("scratch dir");
+    let other_ca = MeshCa::load_or_create(other_dir.path(), TD).expect("another CA");
+    block_on(async {
+        let pool = scene.client();
+        let mut tunnel = pool.connect(&scene.request(&scene.mesh_client_cert(), scene.b_app())).await.expect("control");
+        echo_through(&mut tunnel, b"a mesh client gets through").await;
+
+        // Distinct identities, so the pool cannot hand out the control's connection.
+        let foreign_td = Identity::new("evil.example", NS, "foreign-td").expect("identity");
+        let cases = [
+            ("a certificate of another trust domain from the mesh CA", scene.ca.mint(&foreign_td).expect("mint")),
+            ("a certificate from another CA", other_ca.mint(&Identity::new(TD, NS, "other-ca").unwrap()).unwrap()),
+        ];
+        for (what, cert) in cases {
+            let result = scene.client().connect(&scene.request(&Arc::new(cert), scene.b_app())).await;
+            assert!(result.is_err(), "{what} was accepted");
+        }
+    });
+    let wrong_td = "client certificate has no spiffe:// URI SAN in trust domain cluster.local";
+    eventually("B's proxy logs both rejected handshakes", || {
+        let log = scene.proxy.log();
+        let failed = log.lines().filter(|l| l.contains("inbound HBONE handshake failed")).count();
+        (failed >= 2 && log.contains(wrong_td)).then_some(())
+    });
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "only the mesh client reached B's app");
+}
+
+#[test]
+fn b_answers_protocol_errors_with_400_and_503() {
+    let scene = Scene::new(B_SA, "5s");
+    let accepted = scene.b_echo();
+    let cert = scene.mesh_client_cert();
+    block_on(async {
+        let pool = scene.client();
+        let mut tunnel = pool.connect(&scene.request(&cert, scene.b_app())).await.expect("control");
+        echo_through(&mut tunnel, b"a proper CONNECT gets through").await;
+
+        let elsewhere = SocketAddr::from((scene.a.ip, APP_PORT));
+        let status = refusal(pool.connect(&scene.request(&cert, elsewhere)).await);
+        assert_eq!(status, StatusCode::BAD_REQUEST, ":authority IP other than the dialled IP");
+        for port in [15001, 15006, 15008] {
+            let status = refusal(pool.connect(&scene.request(&cert, SocketAddr::from((scene.b.ip, port)))).await);
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "CONNECT to B:{port}");
+        }
+
+        // A plain GET on a valid mTLS HTTP/2 connection.
+        let dst = SocketAddr::from((scene.b.ip, 15008));
+        let tcp = (marked_dialer(scene.a.netns.path()))(dst).await.expect("dial B:15008");
+        let tls = MeshTls::new(TD, scene.ca.roots()).expect("mesh TLS");
+        let stream = tls.connect(tcp, &cert, &scene.b_identity()).await.expect("mTLS with B");
+        let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("HTTP/2 handshake");
+        tokio::spawn(conn);
+        let get = http::Request::get(format!("http://{}/", scene.b_app())).body(Empty::<Bytes>::new()).unwrap();
+        let response = send.send_request(get).await.expect("an answer to GET");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "plain GET");
+    });
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "only the proper CONNECT reached B's app");
+    assert!(scene.proxy.log().contains("refused HBONE request"), "refusals are logged");
+}
+
+#[test]
+fn half_close_passes_through_both_proxies() {
+    let scene = Scene::new(B_SA, "5s");
+    let listener = scene.b_listener();
+    // B's app answers only after A's side reached EOF: the answer is what it got, reversed.
+    let server = std::thread::spawn(move || {
+        let (mut stream, peer) = listener.accept().expect("accept");
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).expect("B reads to EOF");
+        got.reverse();
+        stream.write_all(&got).expect("B answers after EOF");
+        (peer, got.len())
+    });
+    let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut stream = scene.a_connects_to_b();
+    stream.write_all(&data).expect("A sends");
+    stream.shutdown(Shutdown::Write).expect("A shuts down its write side");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).expect("A reads the answer after its half-close");
+    let (peer, b_got) = server.join().expect("B's app");
+    assert_eq!(b_got, data.len(), "B got all of A's bytes, then EOF");
+    let mut expected = data;
+    expected.reverse();
+    assert!(answer == expected, "A read B's full answer ({} of {} bytes)", answer.len(), expected.len());
+    assert_eq!(peer.ip(), IpAddr::from(scene.a.ip));
+    let log = scene.proxy.log();
+    assert!(log.contains("direction=\"inbound\" protocol=\"HBONE\""), "carried over HBONE");
+}
+
+#[test]
+fn sigterm_lets_open_streams_finish_and_sends_goaway() {
+    let deadline = Duration::from_secs(8);
+    let mut scene = Scene::new(B_SA, "8s");
+    scene.b_echo();
+    let mut app = scene.a_connects_to_b();
+    echo_plain(&mut app, b"before");
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let pool = scene.client();
+    let cert = scene.mesh_client_cert();
+    let mut tunnel = runtime.block_on(async {
+        let mut tunnel = pool.connect(&scene.request(&cert, scene.b_app())).await.expect("test tunnel");
+        echo_through(&mut tunnel, b"before").await;
+        tunnel
+    });
+    assert_eq!(pool.connection_count(), 1);
+
+    let sent = scene.proxy.terminate();
+    eventually("the proxy starts draining", || scene.proxy.log().contains("shutting down").then_some(()));
+    eventually("the proxy stops accepting on B's 15008", || (!listening(&scene.b.netns, 15008)).then_some(()));
+    eventually("B's proxy sent GOAWAY on the test's HBONE connection", || (pool.connection_count() == 0).then_some(()));
+
+    // Both open streams still flow, then finish.
+    echo_plain(&mut app, b"while draining");
+    app.shutdown(Shutdown::Write).expect("A's app is done");
+    assert_eq!(app.read(&mut [0; 8]).expect("A reads EOF"), 0, "B's echo finished");
+    runtime.block_on(async {
+        echo_through(&mut tunnel, b"while draining").await;
+        tunnel.shutdown().await.expect("end the test stream");
+        assert_eq!(tunnel.read(&mut [0; 8]).await.expect("EOF"), 0);
+    });
+    drop(tunnel);
+
+    let status = scene.proxy.exit_within(sent, deadline).expect("the proxy exits once its streams finished");
+    assert!(status.success(), "{status}");
+    assert!(sent.elapsed() < deadline, "exited when drained, not at the deadline");
+    assert!(scene.proxy.log().contains("all connections finished"), "drained cleanly");
+}
+
+#[test]
+fn sigterm_cuts_a_stream_still_open_at_the_deadline() {
+    let deadline = Duration::from_secs(2);
+    let mut scene = Scene::new(B_SA, "2s");
+    scene.b_echo();
+    let mut app = scene.a_connects_to_b();
+    echo_plain(&mut app, b"before");
+
+    let sent = scene.proxy.terminate();
+    eventually("the proxy starts draining", || scene.proxy.log().contains("shutting down").then_some(()));
+    echo_plain(&mut app, b"while draining");
+    // The app keeps its stream open; the proxy cuts it at the deadline.
+    match app.read(&mut [0; 8]) {
+        Ok(0) => {}
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        other => panic!("the open stream should be cut, got {other:?}"),
+    }
+    let cut = sent.elapsed();
+    assert!(cut >= deadline, "cut after {cut:?}, before the {deadline:?} deadline");
+    let margin = Duration::from_secs(3);
+    assert!(cut < deadline + margin, "cut only after {cut:?}");
+    let status = scene.proxy.exit_within(sent, deadline + margin).expect("the proxy exits by the deadline");
+    assert!(status.success(), "{status}");
+    assert!(scene.proxy.log().contains("still open at the termination deadline"), "the cut is logged");
+}
