@@ -2,15 +2,12 @@
 //! B created through the fake CNI runtime. A's app exchanges 16 MiB each way with B's app; the bytes cross
 //! the pods' veths only on port 15008 and B's app sees A's IP as its peer.
 
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use netns::Netns;
 use ring::digest::{Context, Digest, SHA256};
 use serde_json::{json, Value};
 use tests::install_cni::eventually;
@@ -18,86 +15,14 @@ use tests::mesh::RuleBackend;
 use tests::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent};
 use tests::{Cluster, NetnsGuard, Pod};
 
+mod support;
+use support::{http_get, Proxy};
+
 const NS: &str = "shop";
 const APP_PORT: u16 = 8080;
 const PAYLOAD: usize = 16 * 1024 * 1024;
-/// Where the proxy serves `/healthz/ready` and `/metrics` (Istio's ports), inside the node netns.
-const READY_PORT: u16 = 15021;
+/// Where the proxy serves `/metrics` (Istio's port), inside the node netns.
 const METRICS_PORT: u16 = 15020;
-
-/// The `hbone-proxy` binary running in the node netns; killed on drop, its log printed if the test failed.
-struct Proxy {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proxy {
-    fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path) -> Self {
-        let log =
-            (0..).map(|n| dir.join(format!("hbone-proxy-{n}.log"))).find(|p| !p.exists()).expect("a free log name");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hbone-proxy"));
-        cmd.env_clear()
-            .env("INPOD_UDS", agent.zds_socket())
-            .env("STATE_DIR", dir.join("state"))
-            .env("LOCAL_WORKLOADS", workloads)
-            .env("LOG_LEVEL", "debug,h2=info,rustls=info,hyper=info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("proxy log file"));
-        let node = cluster.node.netns().open().expect("open node netns");
-        let child = node.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
-        let mut proxy = Proxy { child, log };
-        let netns = cluster.node.netns().path();
-        eventually("hbone-proxy answers /healthz/ready with 200", || {
-            if let Ok(Some(status)) = proxy.child.try_wait() {
-                panic!("hbone-proxy exited with {status}; log:\n{}", proxy.log());
-            }
-            (http_get(&netns, READY_PORT, "/healthz/ready").map(|(status, _)| status) == Some(200)).then_some(())
-        });
-        proxy
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Kills the proxy (as a crash or a node reboot would) and reaps it.
-    fn stop(&mut self) {
-        self.child.kill().expect("kill hbone-proxy");
-        self.child.wait().expect("reap hbone-proxy");
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("hbone-proxy log:\n{}", self.log());
-        }
-    }
-}
-
-/// A GET from inside `netns` to 127.0.0.1:`port`: (status, body).
-fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
-    let ns = Netns::open(netns).ok()?;
-    let raw = ns
-        .run(|| -> std::io::Result<String> {
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-            stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-            write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-            let mut raw = String::new();
-            stream.read_to_string(&mut raw)?;
-            Ok(raw)
-        })
-        .ok()?
-        .ok()?;
-    let status = raw.split(' ').nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((status, body))
-}
 
 /// `len` deterministic pseudo-random bytes, different per seed.
 fn payload(seed: u64, len: usize) -> Vec<u8> {
@@ -212,7 +137,7 @@ impl Scene {
         cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
         let agent = NodeAgent::start(&cluster, &[]);
         let dir = tempfile::tempdir().expect("scratch dir");
-        let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"));
+        let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &[]);
         let mut pods = Vec::new();
         for (name, sa) in [("a", "a-sa"), ("b", "b-sa")] {
             let mut pod = ambient_pod(NS, name);
@@ -311,7 +236,7 @@ fn a_restarted_proxy_gets_the_pods_back_from_the_snapshot() {
     scene.proxy.stop();
     eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15008)).then_some(()));
     scene.proxy =
-        Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.dir.path().join("workloads.yaml"));
+        Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.dir.path().join("workloads.yaml"), &[]);
     for pod in [&scene.a, &scene.b] {
         assert!(listening(&pod.netns, 15008), "listeners are back by the time the new proxy is ready");
     }

@@ -1,0 +1,246 @@
+//! DNS through the in-pod forwarder: the real node agent (nftables in-pod rules, which capture port 53) and the
+//! real `hbone-proxy` with `DNS_UPSTREAMS` pointing at a tiny DNS server this test runs on the node's bridge
+//! address. An ambient pod asks a resolver address nobody serves (10.96.0.10) and gets the server's answer,
+//! over UDP and over TCP; with the server gone it gets SERVFAIL; with the proxy gone it gets nothing.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::json;
+use tests::mesh::RuleBackend;
+use tests::node_agent::{ambient_conflist, ambient_pod, namespace, NodeAgent};
+use tests::{Cluster, NetnsGuard, Pod};
+
+mod support;
+use support::Proxy;
+
+const NS: &str = "shop";
+/// A cluster DNS address no one serves: only the in-pod capture can answer queries sent there.
+const CLUSTER_DNS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 10)), 53);
+/// The address in the test server's A record.
+const ANSWER_IP: [u8; 4] = [192, 0, 2, 53];
+/// Long enough for a SERVFAIL after the forwarder's 5 s query timeout.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// A DNS query with `id` for `svc.example. A IN`, recursion desired.
+fn query(id: u16) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    q.extend_from_slice(b"\x03svc\x07example\x00\x00\x01\x00\x01");
+    q
+}
+
+/// The test server's answer to `query`: same id, QR and AA set, RD copied, the question echoed and one A
+/// record (pointing at the question's name) with [`ANSWER_IP`].
+fn fixed_answer(query: &[u8]) -> Vec<u8> {
+    let mut end = 12;
+    while query[end] != 0 {
+        end += 1 + usize::from(query[end]);
+    }
+    let question = &query[12..end + 5];
+    let mut a = query[..2].to_vec();
+    a.extend_from_slice(&[0x84 | (query[2] & 0x01), 0x00, 0, 1, 0, 1, 0, 0, 0, 0]);
+    a.extend_from_slice(question);
+    a.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+    a.extend_from_slice(&ANSWER_IP);
+    a
+}
+
+/// The RCODE of a response, after checking it answers query `id`.
+fn rcode(answer: &[u8], id: u16) -> u8 {
+    assert!(answer.len() >= 12, "a DNS header: {answer:?}");
+    assert_eq!(u16::from_be_bytes([answer[0], answer[1]]), id, "the answer carries the query's id");
+    assert_ne!(answer[2] & 0x80, 0, "QR is set");
+    answer[3] & 0x0f
+}
+
+fn assert_fixed_answer(answer: &[u8], id: u16) {
+    assert_eq!(rcode(answer, id), 0, "NOERROR");
+    assert_eq!(answer[6..8], [0, 1], "one answer record");
+    assert!(answer.ends_with(&ANSWER_IP), "the test server's A record: {answer:?}");
+}
+
+/// How the test server saw a query arrive.
+type Seen = Arc<Mutex<Vec<(&'static str, SocketAddr)>>>;
+
+/// A DNS server on `ip:53`, UDP and TCP, in the node netns, answering every query with [`fixed_answer`].
+struct DnsServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    seen: Seen,
+}
+
+impl DnsServer {
+    fn start(node: &NetnsGuard, ip: Ipv4Addr) -> Self {
+        let ns = node.open().expect("open node netns");
+        let (udp, tcp) = ns
+            .run(|| -> io::Result<(UdpSocket, TcpListener)> {
+                Ok((UdpSocket::bind((ip, 53))?, TcpListener::bind((ip, 53))?))
+            })
+            .expect("enter node netns")
+            .expect("bind the test DNS server");
+        udp.set_read_timeout(Some(Duration::from_millis(20))).expect("udp timeout");
+        tcp.set_nonblocking(true).expect("nonblocking listener");
+        let (stop, seen) = (Arc::new(AtomicBool::new(false)), Seen::default());
+        let (udp_stop, udp_seen) = (stop.clone(), seen.clone());
+        let udp_thread = std::thread::spawn(move || {
+            let mut buf = [0; 512];
+            while !udp_stop.load(Ordering::SeqCst) {
+                match udp.recv_from(&mut buf) {
+                    Ok((n, peer)) => {
+                        udp_seen.lock().unwrap().push(("udp", peer));
+                        udp.send_to(&fixed_answer(&buf[..n]), peer).expect("send udp answer");
+                    }
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                    Err(e) => panic!("test DNS server: udp receive: {e}"),
+                }
+            }
+        });
+        let (tcp_stop, tcp_seen) = (stop.clone(), seen.clone());
+        let tcp_thread = std::thread::spawn(move || {
+            while !tcp_stop.load(Ordering::SeqCst) {
+                match tcp.accept() {
+                    Ok((mut stream, peer)) => {
+                        tcp_seen.lock().unwrap().push(("tcp", peer));
+                        stream.set_nonblocking(false).expect("blocking stream");
+                        stream.set_read_timeout(Some(CLIENT_TIMEOUT)).expect("read timeout");
+                        while let Some(q) = read_frame(&mut stream) {
+                            write_frame(&mut stream, &fixed_answer(&q));
+                        }
+                    }
+                    // Polling lets the thread notice `stop`; the sleep only paces the loop.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
+                    Err(e) => panic!("test DNS server: accept: {e}"),
+                }
+            }
+        });
+        DnsServer { stop, threads: vec![udp_thread, tcp_thread], seen }
+    }
+
+    /// Closes both sockets: the node then refuses port 53.
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for thread in self.threads.drain(..) {
+            thread.join().expect("test DNS server thread");
+        }
+    }
+
+    fn seen(&self) -> Vec<(&'static str, SocketAddr)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One length-prefixed DNS message; `None` at end of stream.
+fn read_frame(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0; 2];
+    stream.read_exact(&mut len).ok()?;
+    let mut message = vec![0; usize::from(u16::from_be_bytes(len))];
+    stream.read_exact(&mut message).expect("a whole DNS message");
+    Some(message)
+}
+
+fn write_frame(stream: &mut TcpStream, message: &[u8]) {
+    let mut frame = u16::try_from(message.len()).expect("short message").to_be_bytes().to_vec();
+    frame.extend_from_slice(message);
+    stream.write_all(&frame).expect("write DNS message");
+}
+
+/// Sends `query` over UDP from inside `pod` to [`CLUSTER_DNS`] and returns the answer. The socket is
+/// connected, so only a datagram from 10.96.0.10:53 counts as the answer.
+fn ask_udp(pod: &Pod, query: &[u8]) -> io::Result<Vec<u8>> {
+    let ns = pod.netns.open().expect("open pod netns");
+    ns.run(|| {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        socket.connect(CLUSTER_DNS)?;
+        socket.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+        socket.send(query)?;
+        let mut buf = [0; 512];
+        let n = socket.recv(&mut buf)?;
+        Ok(buf[..n].to_vec())
+    })
+    .expect("enter pod netns")
+}
+
+/// Opens a TCP connection from inside `pod` to [`CLUSTER_DNS`].
+fn connect_tcp(pod: &Pod) -> io::Result<TcpStream> {
+    let ns = pod.netns.open().expect("open pod netns");
+    let stream = ns.run(|| TcpStream::connect_timeout(&CLUSTER_DNS, CLIENT_TIMEOUT)).expect("enter pod netns")?;
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    Ok(stream)
+}
+
+/// Sends all `ids`' queries at once on one TCP connection from `pod` and returns the answers by query id.
+fn ask_tcp(pod: &Pod, ids: &[u16]) -> Vec<(u16, Vec<u8>)> {
+    let mut stream = connect_tcp(pod).expect("TCP connect to 10.96.0.10:53 from the pod");
+    for id in ids {
+        write_frame(&mut stream, &query(*id));
+    }
+    let mut answers: Vec<(u16, Vec<u8>)> = ids
+        .iter()
+        .map(|_| {
+            let answer = read_frame(&mut stream).expect("an answer on the connection");
+            (u16::from_be_bytes([answer[0], answer[1]]), answer)
+        })
+        .collect();
+    answers.sort_by_key(|(id, _)| *id);
+    answers
+}
+
+#[test]
+fn an_ambient_pods_dns_is_answered_through_the_forwarder() {
+    let cluster = Cluster::with_backend(RuleBackend::Nftables);
+    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+    let agent = NodeAgent::start(&cluster, &[]);
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let gateway = cluster.node.gateway();
+    let upstream = format!("{gateway}:53");
+    let mut proxy = Proxy::start(
+        &cluster,
+        &agent,
+        dir.path(),
+        &dir.path().join("workloads.yaml"),
+        &[("DNS_UPSTREAMS", upstream.as_str())],
+    );
+    cluster.create(&ambient_pod(NS, "a"));
+    // ADD returns only after the proxy acked the pod, i.e. its listeners (15053 included) are up.
+    let pod = cluster.node.try_add_pod_with(ambient_conflist(&cluster), "a", NS).expect("CNI ADD");
+    // The bridge (and so the gateway address) exists once the first pod is attached.
+    let mut server = DnsServer::start(cluster.node.netns(), gateway);
+
+    let answer = ask_udp(&pod, &query(0x1001)).expect("a UDP answer from 10.96.0.10:53");
+    assert_fixed_answer(&answer, 0x1001);
+    let answers = ask_tcp(&pod, &[0x2001, 0x2002]);
+    for (id, answer) in &answers {
+        assert_fixed_answer(answer, *id);
+    }
+    assert_eq!(answers.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [0x2001, 0x2002], "both pipelined queries");
+    // The queries reached the upstream from the pod's own address (upstream sockets live in the pod netns),
+    // UDP as UDP and TCP as TCP.
+    let seen = server.seen();
+    let from_pod = |transport| seen.iter().filter(|(t, peer)| *t == transport && peer.ip() == pod.ip).count();
+    assert_eq!(from_pod("udp"), 1, "one UDP query from the pod's IP: {seen:?}");
+    assert_eq!(from_pod("tcp"), 2, "one upstream TCP connection per query, from the pod's IP: {seen:?}");
+    assert!(proxy.log().contains("dns answer relayed"), "the forwarder relayed the answers");
+
+    // Upstream gone: the forwarder answers SERVFAIL instead of leaving the client waiting.
+    server.stop();
+    let answer = ask_udp(&pod, &query(0x3001)).expect("a UDP answer with the upstream down");
+    assert_eq!(rcode(&answer, 0x3001), 2, "SERVFAIL over UDP");
+    let answers = ask_tcp(&pod, &[0x4001]);
+    assert_eq!(rcode(&answers[0].1, 0x4001), 2, "SERVFAIL over TCP");
+
+    // Forwarder gone: the captured queries find nothing on 15053, so the answers above came through it.
+    proxy.stop();
+    assert!(ask_udp(&pod, &query(0x5001)).is_err(), "no UDP answer without the proxy");
+    assert!(connect_tcp(&pod).is_err(), "no TCP DNS without the proxy");
+}
