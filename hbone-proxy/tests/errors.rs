@@ -4,13 +4,13 @@
 //! also speak HBONE to B's 15008 itself, as another mesh proxy would.
 
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::ops::{Deref, DerefMut};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hbone::{
@@ -21,194 +21,51 @@ use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use netns::Netns;
 use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
-use serde_json::{json, Value};
 use tests::install_cni::eventually;
-use tests::mesh::RuleBackend;
-use tests::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent};
-use tests::{Cluster, NetnsGuard, Pod};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const NS: &str = "shop";
-const TD: &str = "cluster.local";
-const APP_PORT: u16 = 8080;
+mod support;
+use support::{listening, APP_PORT, NS, TD};
+
 const B_SA: &str = "b-sa";
-/// Where the proxy serves `/healthz/ready` (Istio's port), inside the node netns.
-const READY_PORT: u16 = 15021;
 /// The mark the proxy puts on its sockets; the in-pod rules let such traffic through uncaptured.
 const PROXY_MARK: u32 = 0x539;
 /// Bound on every async part of a test.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The `hbone-proxy` binary running in the node netns; killed on drop, its log printed if the test failed.
-struct Proxy {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proxy {
-    fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, env: &[(&str, &Path)]) -> Self {
-        let log = dir.join("hbone-proxy.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hbone-proxy"));
-        cmd.env_clear()
-            .env("INPOD_UDS", agent.zds_socket())
-            .env("STATE_DIR", dir.join("state"))
-            .env("LOG_LEVEL", "debug,h2=info,rustls=info,hyper=info")
-            .env("NO_COLOR", "1")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("proxy log file"));
-        let node = cluster.node.netns().open().expect("open node netns");
-        let child = node.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
-        let mut proxy = Proxy { child, log };
-        let netns = cluster.node.netns().path();
-        eventually("hbone-proxy answers /healthz/ready with 200", || {
-            if let Ok(Some(status)) = proxy.child.try_wait() {
-                panic!("hbone-proxy exited with {status}; log:\n{}", proxy.log());
-            }
-            ready(&netns).then_some(())
-        });
-        proxy
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Sends SIGTERM, as the kubelet does; returns when it was sent.
-    fn terminate(&self) -> Instant {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM hbone-proxy");
-        Instant::now()
-    }
-
-    /// The exit status once the proxy has exited, polled until `limit` after `since`.
-    fn exit_within(&mut self, since: Instant, limit: Duration) -> Option<ExitStatus> {
-        loop {
-            if let Some(status) = self.child.try_wait().expect("poll hbone-proxy") {
-                return Some(status);
-            }
-            if since.elapsed() > limit {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("hbone-proxy log:\n{}", self.log());
-        }
-    }
-}
-
-/// Whether the proxy answers 200 on `/healthz/ready` inside `netns`.
-fn ready(netns: &Path) -> bool {
-    let Ok(ns) = Netns::open(netns) else { return false };
-    let answer = ns.run(|| -> io::Result<String> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], READY_PORT));
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(stream, "GET /healthz/ready HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-        let mut raw = String::new();
-        stream.read_to_string(&mut raw)?;
-        Ok(raw)
-    });
-    matches!(answer, Ok(Ok(raw)) if raw.starts_with("HTTP/1.1 200"))
-}
-
-/// Whether anything listens on `port` in `ns`.
-fn listening(ns: &NetnsGuard, port: u16) -> bool {
-    !ns.exec_ok(&["ss", "-Hltn", &format!("sport = :{port}")]).trim().is_empty()
-}
-
-fn workload(cluster: &Cluster, name: &str, sa: &str, ip: IpAddr) -> Value {
-    json!({
-        "uid": uid(cluster, NS, name), "name": name, "namespace": NS, "serviceAccount": sa,
-        "trustDomain": TD, "workloadIps": [ip], "protocol": "HBONE", "node": "node-1",
-    })
-}
-
-/// A node with the agent and the proxy running (its CA in `cacerts` made by the test), and ambient pods A
-/// (service account a-sa) and B (b-sa).
+/// The shared [`support::Scene`] with the proxy's mesh CA made by the test (in `cacerts`), so the test can mint
+/// certificates of its own.
 struct Scene {
-    // Dropped first, while its log file still exists.
-    proxy: Proxy,
-    cluster: Cluster,
-    _agent: NodeAgent,
-    dir: tempfile::TempDir,
+    base: support::Scene,
     ca: MeshCa,
-    a: Pod,
-    b: Pod,
+}
+
+impl Deref for Scene {
+    type Target = support::Scene;
+
+    fn deref(&self) -> &support::Scene {
+        &self.base
+    }
+}
+
+impl DerefMut for Scene {
+    fn deref_mut(&mut self) -> &mut support::Scene {
+        &mut self.base
+    }
 }
 
 impl Scene {
     /// The local workloads file lists B with service account `b_listed_sa`; open connections get
     /// `termination_deadline` (a Go duration) on SIGTERM.
     fn new(b_listed_sa: &str, termination_deadline: &str) -> Self {
-        let cluster = Cluster::with_backend(RuleBackend::Nftables);
-        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-        let agent = NodeAgent::start(&cluster, &[]);
         let dir = tempfile::tempdir().expect("scratch dir");
         let cacerts = dir.path().join("cacerts");
         let ca = MeshCa::load_or_create(&cacerts, TD).expect("test mesh CA");
-        let deadline = PathBuf::from(termination_deadline);
-        let workloads = dir.path().join("workloads.yaml");
         let env = [
-            ("CA_DIR", cacerts.as_path()),
-            ("LOCAL_WORKLOADS", workloads.as_path()),
-            ("CONNECTION_TERMINATION_DEADLINE", deadline.as_path()),
+            ("CA_DIR", cacerts.to_str().expect("UTF-8 scratch path")),
+            ("CONNECTION_TERMINATION_DEADLINE", termination_deadline),
         ];
-        let proxy = Proxy::start(&cluster, &agent, dir.path(), &env);
-        let mut pods = Vec::new();
-        for (name, sa) in [("a", "a-sa"), ("b", B_SA)] {
-            let mut pod = ambient_pod(NS, name);
-            pod["spec"]["serviceAccountName"] = json!(sa);
-            cluster.create(&pod);
-            // ADD returns only after the proxy acked the pod, i.e. its listeners are up.
-            pods.push(cluster.node.try_add_pod_with(ambient_conflist(&cluster), name, NS).expect("CNI ADD"));
-        }
-        let (b, a) = (pods.pop().unwrap(), pods.pop().unwrap());
-        let scene = Scene { proxy, cluster, _agent: agent, dir, ca, a, b };
-        scene.list_b_as(b_listed_sa);
-        scene
-    }
-
-    /// Rewrites the local workloads file with B under service account `sa` and waits for the proxy to reload it.
-    fn list_b_as(&self, sa: &str) {
-        let listing = json!({ "workloads": [
-            workload(&self.cluster, "a", "a-sa", self.a.ip.into()),
-            workload(&self.cluster, "b", sa, self.b.ip.into()),
-        ]});
-        let loaded = "workload directory updated source=\"local-file\" addresses=2";
-        let before = self.proxy.log().matches(loaded).count();
-        std::fs::write(self.dir.path().join("workloads.yaml"), serde_yaml::to_string(&listing).expect("yaml"))
-            .expect("write workloads");
-        eventually("the proxy reloaded the workloads file", || {
-            (self.proxy.log().matches(loaded).count() > before).then_some(())
-        });
-    }
-
-    /// A's app connects to B:8080 (captured by A's proxy).
-    fn a_connects_to_b(&self) -> TcpStream {
-        let a_ns = self.a.netns.open().expect("open pod A netns");
-        let dst = SocketAddr::from((self.b.ip, APP_PORT));
-        let stream = a_ns
-            .run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10)))
-            .expect("enter pod A netns")
-            .expect("A connects to B:8080");
-        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("read timeout");
-        stream
-    }
-
-    /// B's app socket on 8080.
-    fn b_listener(&self) -> TcpListener {
-        let ns = self.b.netns.open().expect("open pod B netns");
-        ns.run(|| TcpListener::bind(("0.0.0.0", APP_PORT))).expect("enter pod B netns").expect("bind B's app")
+        Scene { base: support::Scene::new(dir, b_listed_sa, &env), ca }
     }
 
     /// B's app as an echo server for any number of connections; counts the connections it accepted.

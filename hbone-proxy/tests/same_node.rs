@@ -9,17 +9,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ring::digest::{Context, Digest, SHA256};
-use serde_json::{json, Value};
 use tests::install_cni::eventually;
-use tests::mesh::RuleBackend;
-use tests::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent};
-use tests::{Cluster, NetnsGuard, Pod};
+use tests::node_agent::uid;
+use tests::NetnsGuard;
 
 mod support;
-use support::{http_get, Proxy};
+use support::{http_get, listening, Proxy, Scene, NS};
 
-const NS: &str = "shop";
-const APP_PORT: u16 = 8080;
 const PAYLOAD: usize = 16 * 1024 * 1024;
 /// Where the proxy serves `/metrics` (Istio's port), inside the node netns.
 const METRICS_PORT: u16 = 15020;
@@ -67,10 +63,8 @@ fn exchange(stream: TcpStream, data: Vec<u8>) -> Digest {
     hash.finish()
 }
 
-/// B's app: listens on 8080 in `pod`'s netns, serves one connection; yields (peer, hash of what it got).
-fn server_app(pod: &Pod, data: Vec<u8>) -> JoinHandle<(SocketAddr, Digest)> {
-    let ns = pod.netns.open().expect("open pod netns");
-    let listener = ns.run(|| TcpListener::bind(("0.0.0.0", APP_PORT))).expect("enter pod netns").expect("bind app");
+/// B's app on `listener`: serves one connection; yields (peer, hash of what it got).
+fn server_app(listener: TcpListener, data: Vec<u8>) -> JoinHandle<(SocketAddr, Digest)> {
     std::thread::spawn(move || {
         let (stream, peer) = listener.accept().expect("accept");
         (peer, exchange(stream, data))
@@ -108,89 +102,36 @@ fn counter(ns: &NetnsGuard, name: &str) -> u64 {
     bytes.parse().expect("byte count")
 }
 
-fn workload(cluster: &Cluster, name: &str, sa: &str, ip: IpAddr) -> Value {
-    json!({
-        "uid": uid(cluster, NS, name), "name": name, "namespace": NS, "serviceAccount": sa,
-        "trustDomain": "cluster.local", "workloadIps": [ip], "protocol": "HBONE", "node": "node-1",
-    })
-}
-
 fn metric(netns: &Path, line_prefix: &str) -> Option<f64> {
     let (_, body) = http_get(netns, METRICS_PORT, "/metrics")?;
     body.lines().find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
 }
 
-/// A node with the agent and the proxy running, and ambient pods A and B (service accounts a-sa, b-sa)
-/// listed in the proxy's local workloads file.
-struct Scene {
-    cluster: Cluster,
-    agent: NodeAgent,
-    dir: tempfile::TempDir,
-    proxy: Proxy,
-    a: Pod,
-    b: Pod,
+/// A's app connects to B:8080 and both send `len` bytes; returns B's view of the peer after checking hashes.
+fn transfer(scene: &Scene, len: usize) -> SocketAddr {
+    let (a_data, b_data) = (payload(1, len), payload(2, len));
+    let (a_sent, b_sent) = (sha(&a_data), sha(&b_data));
+    let server = server_app(scene.b_listener(), b_data);
+    let a_got = exchange(scene.a_connects_to_b(), a_data);
+    let (peer, b_got) = server.join().expect("server app");
+    assert_eq!(a_got.as_ref(), b_sent.as_ref(), "A received exactly what B sent");
+    assert_eq!(b_got.as_ref(), a_sent.as_ref(), "B received exactly what A sent");
+    peer
 }
 
-impl Scene {
-    fn new() -> Self {
-        let cluster = Cluster::with_backend(RuleBackend::Nftables);
-        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-        let agent = NodeAgent::start(&cluster, &[]);
-        let dir = tempfile::tempdir().expect("scratch dir");
-        let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &[]);
-        let mut pods = Vec::new();
-        for (name, sa) in [("a", "a-sa"), ("b", "b-sa")] {
-            let mut pod = ambient_pod(NS, name);
-            pod["spec"]["serviceAccountName"] = json!(sa);
-            cluster.create(&pod);
-            // ADD returns only after the proxy acked the pod, i.e. its listeners are up.
-            pods.push(cluster.node.try_add_pod_with(ambient_conflist(&cluster), name, NS).expect("CNI ADD"));
-        }
-        let (b, a) = (pods.pop().unwrap(), pods.pop().unwrap());
-        let listing = json!({ "workloads": [
-            workload(&cluster, "a", "a-sa", a.ip.into()),
-            workload(&cluster, "b", "b-sa", b.ip.into()),
-        ]});
-        std::fs::write(dir.path().join("workloads.yaml"), serde_yaml::to_string(&listing).expect("yaml"))
-            .expect("write workloads");
-        eventually("the proxy loaded both workloads", || {
-            proxy.log().contains("workload directory updated source=\"local-file\" addresses=2").then_some(())
-        });
-        Scene { cluster, agent, dir, proxy, a, b }
-    }
-
-    /// A's app connects to B:8080 and both send `len` bytes; returns B's view of the peer after checking hashes.
-    fn transfer(&self, len: usize) -> SocketAddr {
-        let (a_data, b_data) = (payload(1, len), payload(2, len));
-        let (a_sent, b_sent) = (sha(&a_data), sha(&b_data));
-        let server = server_app(&self.b, b_data);
-        let a_ns = self.a.netns.open().expect("open pod A netns");
-        let dst = SocketAddr::from((self.b.ip, APP_PORT));
-        let stream = a_ns
-            .run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10)))
-            .expect("enter pod A netns")
-            .expect("A connects to B:8080");
-        let a_got = exchange(stream, a_data);
-        let (peer, b_got) = server.join().expect("server app");
-        assert_eq!(a_got.as_ref(), b_sent.as_ref(), "A received exactly what B sent");
-        assert_eq!(b_got.as_ref(), a_sent.as_ref(), "B received exactly what A sent");
-        peer
-    }
-}
-
-/// Whether anything listens on `port` in `ns`.
-fn listening(ns: &NetnsGuard, port: u16) -> bool {
-    !ns.exec_ok(&["ss", "-Hltn", &format!("sport = :{port}")]).trim().is_empty()
+/// A node with both pods listed under their own service accounts, and the proxy's default environment.
+fn scene() -> Scene {
+    Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", &[])
 }
 
 #[test]
 fn pods_on_one_node_talk_over_hbone_with_the_clients_ip_preserved() {
-    let scene = Scene::new();
+    let scene = scene();
     let (cluster, proxy, a, b) = (&scene.cluster, &scene.proxy, &scene.a, &scene.b);
     install_counters(&a.netns);
     install_counters(&b.netns);
 
-    let peer = scene.transfer(PAYLOAD);
+    let peer = transfer(&scene, PAYLOAD);
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app sees A's IP as the peer (transparent source)");
 
     // On the wire: A → B only as HBONE (15008), nothing on the app port outside the pods.
@@ -214,7 +155,7 @@ fn pods_on_one_node_talk_over_hbone_with_the_clients_ip_preserved() {
 
 #[test]
 fn deleting_a_pod_closes_its_listeners_within_a_second() {
-    let scene = Scene::new();
+    let scene = scene();
     let b_uid = uid(&scene.cluster, NS, "b");
     for port in [15001, 15006, 15008] {
         assert!(listening(&scene.b.netns, port), "B has a listener on {port} before the delete");
@@ -232,15 +173,14 @@ fn deleting_a_pod_closes_its_listeners_within_a_second() {
 
 #[test]
 fn a_restarted_proxy_gets_the_pods_back_from_the_snapshot() {
-    let mut scene = Scene::new();
+    let mut scene = scene();
     scene.proxy.stop();
     eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15008)).then_some(()));
-    scene.proxy =
-        Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.dir.path().join("workloads.yaml"), &[]);
+    scene.proxy = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
     for pod in [&scene.a, &scene.b] {
         assert!(listening(&pod.netns, 15008), "listeners are back by the time the new proxy is ready");
     }
-    let peer = scene.transfer(1024 * 1024);
+    let peer = transfer(&scene, 1024 * 1024);
     assert_eq!(peer.ip(), IpAddr::from(scene.a.ip), "B's app sees A's IP after the restart");
     // The access log line is written when B's side of the tunnel stream ends, which may be after A's app saw EOF.
     eventually("the new proxy logged the inbound HBONE connection", || {

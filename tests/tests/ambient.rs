@@ -26,6 +26,17 @@ fn setup(backend: RuleBackend) -> (Cluster, NodeAgent) {
     (cluster, agent)
 }
 
+/// Runs `scenario` once per rule backend, each time on a fresh cluster (from [`setup`]) with a test proxy
+/// connected to the agent.
+fn on_every_backend(scenario: impl Fn(RuleBackend, &Cluster, &ZdsPeer)) {
+    for backend in RuleBackend::ALL {
+        eprintln!("--- backend {backend:?}");
+        let (c, agent) = setup(backend);
+        let peer = ZdsPeer::connect(&agent);
+        scenario(backend, &c, &peer);
+    }
+}
+
 /// Stores `pod` in the API and creates it through the runtime with the ambient conflist.
 fn create(cluster: &Cluster, pod: &Value) -> Result<Pod, RuntimeError> {
     cluster.create(pod);
@@ -52,12 +63,9 @@ fn v4(ip: std::net::Ipv4Addr, port: u16) -> SocketAddrV4 {
 
 #[test]
 fn add_returns_after_the_proxy_got_the_pod_netns_and_the_pod_is_redirected() {
-    for backend in RuleBackend::ALL {
-        eprintln!("--- backend {backend:?}");
-        let (c, agent) = setup(backend);
-        let peer = ZdsPeer::connect(&agent);
-        let pod = run(&c, &ambient_pod(NS, "web"));
-        let id = uid(&c, NS, "web");
+    on_every_backend(|backend, c, peer| {
+        let pod = run(c, &ambient_pod(NS, "web"));
+        let id = uid(c, NS, "web");
 
         // Checked without waiting: ADD returned, so the proxy must already have it.
         let adds = peer.received_for(RequestKind::Add, &id);
@@ -65,12 +73,12 @@ fn add_returns_after_the_proxy_got_the_pod_netns_and_the_pod_is_redirected() {
         assert_eq!(adds[0].fds, vec![netns_id(&pod.netns)], "the one fd is the pod's netns");
         let info = adds[0].info.as_ref().expect("AddWorkload carries workload_info");
         assert_eq!((info.name.as_str(), info.namespace.as_str()), ("web", NS));
-        assert_eq!(redirection(&c, NS, "web").as_deref(), Some("enabled"));
+        assert_eq!(redirection(c, NS, "web").as_deref(), Some("enabled"));
 
         let rules = backend.dump(&pod.netns);
         let chain = if backend == RuleBackend::Nftables { "istio-ambient" } else { "ISTIO_PRERT" };
         assert!(rules.contains(chain), "{backend:?}: no {chain} in the pod netns:\n{rules}");
-    }
+    });
 }
 
 #[test]
@@ -108,13 +116,10 @@ fn a_plain_pod_is_not_enrolled() {
 
 #[test]
 fn outbound_lands_on_a_15001_listener_opened_from_the_received_fd_and_proxy_marked_traffic_is_not_redirected() {
-    for backend in RuleBackend::ALL {
-        eprintln!("--- backend {backend:?}");
-        let (c, agent) = setup(backend);
-        let peer = ZdsPeer::connect(&agent);
-        let web = run(&c, &ambient_pod(NS, "web"));
-        let db = run(&c, &plain_pod(NS, "db"));
-        let web_ns = peer.netns(&uid(&c, NS, "web"));
+    on_every_backend(|backend, c, peer| {
+        let web = run(c, &ambient_pod(NS, "web"));
+        let db = run(c, &plain_pod(NS, "db"));
+        let web_ns = peer.netns(&uid(c, NS, "web"));
 
         let proxy = tests::tcp::listen_in(web_ns, OUTBOUND_PORT, false);
         web.netns.connect_tcp(SocketAddr::V4(v4(db.ip, APP_PORT)), None).expect("app connects");
@@ -126,25 +131,22 @@ fn outbound_lands_on_a_15001_listener_opened_from_the_received_fd_and_proxy_mark
         web.netns.connect_tcp_marked(v4(db.ip, APP_PORT), PROXY_MARK).expect("proxy-marked connect");
         let got = app.accepted();
         assert_eq!(got.peer.ip(), std::net::IpAddr::V4(web.ip), "{backend:?}: reached the real app, from web");
-    }
+    });
 }
 
 #[test]
 fn inbound_to_an_ambient_pod_lands_on_15006() {
-    for backend in RuleBackend::ALL {
-        eprintln!("--- backend {backend:?}");
-        let (c, agent) = setup(backend);
-        let peer = ZdsPeer::connect(&agent);
-        let web = run(&c, &ambient_pod(NS, "web"));
-        let db = run(&c, &plain_pod(NS, "db"));
+    on_every_backend(|_, c, peer| {
+        let web = run(c, &ambient_pod(NS, "web"));
+        let db = run(c, &plain_pod(NS, "db"));
 
-        let proxy = tests::tcp::listen_in(peer.netns(&uid(&c, NS, "web")), INBOUND_PORT, false);
+        let proxy = tests::tcp::listen_in(peer.netns(&uid(c, NS, "web")), INBOUND_PORT, false);
         db.netns.connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("db connects to web");
         let got = proxy.accepted();
         assert_eq!(got.local.port(), INBOUND_PORT);
         assert_eq!(got.original_dst, Some(v4(web.ip, APP_PORT)), "original destination");
         assert_eq!(got.peer.ip(), std::net::IpAddr::V4(db.ip));
-    }
+    });
 }
 
 #[test]
@@ -193,16 +195,13 @@ fn after_the_agent_stops_enrolled_pods_keep_their_rules_and_new_pods_fail_closed
 
 #[test]
 fn host_connections_to_an_enrolled_pod_come_from_the_probe_address() {
-    for backend in RuleBackend::ALL {
-        eprintln!("--- backend {backend:?}");
-        let (c, agent) = setup(backend);
-        let _peer = ZdsPeer::connect(&agent);
-        let web = run(&c, &ambient_pod(NS, "web"));
+    on_every_backend(|backend, c, _| {
+        let web = run(c, &ambient_pod(NS, "web"));
         let app = web.netns.listen_tcp(APP_PORT);
         c.node.netns().connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("host connects");
         let got = app.accepted();
         assert_eq!(got.peer.ip(), std::net::IpAddr::V4(PROBE_SNAT_V4), "{backend:?}: SNAT to the probe address");
-    }
+    });
 }
 
 #[test]
@@ -228,12 +227,9 @@ fn a_pod_deleted_through_the_api_is_removed_from_the_proxy_and_the_probe_set() {
 
 #[test]
 fn a_reused_ip_keeps_the_new_pods_probe_entry() {
-    for backend in RuleBackend::ALL {
-        eprintln!("--- backend {backend:?}");
-        let (c, agent) = setup(backend);
-        let peer = ZdsPeer::connect(&agent);
+    on_every_backend(|backend, c, peer| {
         // A one-address range, so the second pod must get the first one's IP.
-        let mut list = ambient_conflist(&c);
+        let mut list = ambient_conflist(c);
         let only = format!("{}.200", c.node.gateway().to_string().rsplit_once('.').unwrap().0);
         list["plugins"][0]["ipam"]["ranges"][0][0]["rangeStart"] = json!(only);
         list["plugins"][0]["ipam"]["ranges"][0][0]["rangeEnd"] = json!(only);
@@ -247,7 +243,7 @@ fn a_reused_ip_keeps_the_new_pods_probe_entry() {
         let new = add("new");
         assert_eq!(new.ip, old.ip, "the IP was reused");
         // The old pod's deletion reaches the agent only now, as a lagging watch would deliver it.
-        let old_id = uid(&c, NS, "old");
+        let old_id = uid(c, NS, "old");
         c.api.delete("Pod", Some(NS), "old").expect("old pod was stored");
         eventually("the proxy receives DelWorkload for the old pod", || {
             (!peer.received_for(RequestKind::Del, &old_id).is_empty()).then_some(())
@@ -256,7 +252,7 @@ fn a_reused_ip_keeps_the_new_pods_probe_entry() {
         let app = new.netns.listen_tcp(APP_PORT);
         c.node.netns().connect_tcp(SocketAddr::V4(v4(new.ip, APP_PORT)), None).expect("host connects");
         assert_eq!(app.accepted().peer.ip(), std::net::IpAddr::V4(PROBE_SNAT_V4), "{backend:?}: entry kept");
-    }
+    });
 }
 
 #[test]
