@@ -4,8 +4,6 @@
 //! account dir. Tests then look at what a user would: files on disk, `/readyz`, `/metrics` and the log.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -222,11 +220,7 @@ impl InstallCni {
 
     /// `GET path` on `port` from inside the node netns: status code and body, or why the request failed.
     pub fn get(&self, port: u16, path: &str) -> Result<(u16, String), String> {
-        let ns = netns::Netns::open(&self.netns).map_err(|e| e.to_string())?;
-        let raw = ns.run(|| http_get(port, path)).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-        let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(|| format!("no header end in {raw:?}"))?;
-        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("bad head {head:?}"))?;
-        Ok((status, body.to_owned()))
+        crate::http::get(&self.netns, port, path)
     }
 
     /// [`eventually`], with the installer's log in the panic message.
@@ -275,14 +269,4 @@ impl Drop for InstallCni {
             let _ = self.child.wait();
         }
     }
-}
-
-fn http_get(port: u16, path: &str) -> std::io::Result<String> {
-    let addr = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw)?;
-    Ok(raw)
 }

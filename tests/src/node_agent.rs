@@ -174,21 +174,7 @@ impl Drop for NodeAgent {
 
 /// `/readyz`'s status code from inside the node netns, if it answered.
 fn readyz(netns: &Path) -> Option<u16> {
-    use std::io::{Read, Write};
-    let ns = Netns::open(netns).ok()?;
-    let raw = ns
-        .run(|| -> std::io::Result<String> {
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], READINESS_PORT));
-            let mut stream = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
-            stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-            write!(stream, "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-            let mut raw = String::new();
-            stream.read_to_string(&mut raw)?;
-            Ok(raw)
-        })
-        .ok()?
-        .ok()?;
-    raw.split(' ').nth(1)?.parse().ok()
+    crate::http::get(netns, READINESS_PORT, "/readyz").ok().map(|(status, _)| status)
 }
 
 /// What kind of request the agent sent.

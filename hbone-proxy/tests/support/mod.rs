@@ -3,13 +3,11 @@
 #![allow(dead_code)] // not every test binary uses every helper
 
 use std::fs::File;
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use netns::Netns;
 use serde_json::{json, Value};
 use tests::install_cni::eventually;
 use tests::mesh::RuleBackend;
@@ -106,22 +104,7 @@ impl Drop for Proxy {
 
 /// A GET from inside `netns` to 127.0.0.1:`port`: (status, body).
 pub fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
-    let ns = Netns::open(netns).ok()?;
-    let raw = ns
-        .run(|| -> std::io::Result<String> {
-            let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-            stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-            write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-            let mut raw = String::new();
-            stream.read_to_string(&mut raw)?;
-            Ok(raw)
-        })
-        .ok()?
-        .ok()?;
-    let status = raw.split(' ').nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((status, body))
+    tests::http::get(netns, port, path).ok()
 }
 
 /// Whether anything listens on `port` in `ns`.
