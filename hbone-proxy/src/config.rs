@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use daemon::common_args::CommonArgs;
 
 /// Readiness port of Istio's proxies (`/healthz/ready`).
@@ -31,6 +31,9 @@ pub struct Config {
     /// A YAML file in ztunnel's local-config shape (`workloads:`) describing mesh destinations; watched.
     #[arg(long, env = "LOCAL_WORKLOADS")]
     pub local_workloads: Option<PathBuf>,
+    /// Whether enrolled pods found through the Kubernetes API (kubeconfig or in-cluster) are mesh destinations.
+    #[arg(long, env = "KUBE_WORKLOADS", default_value_t = true, action = ArgAction::Set)]
+    pub kube_workloads: bool,
     /// On SIGTERM, how long open connections may take to finish (a Go duration such as `5s` or `1m30s`).
     #[arg(long, env = "CONNECTION_TERMINATION_DEADLINE", default_value = "5s", value_parser = parse_duration)]
     pub termination_deadline: Duration,

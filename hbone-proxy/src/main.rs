@@ -49,6 +49,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
         Some(path) => Some(directory::local_file::watch(path, directory.clone())?),
         None => None,
     };
+    if config.kube_workloads {
+        // In the background: an unreachable API must not hold up the pods' proxies.
+        tokio::spawn(directory::kube_source::watch_inferred(directory.clone()));
+    }
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
     let probes = ProbeState::new(Arc::new(Mutex::new(registry)));

@@ -1,9 +1,10 @@
 //! The workload directory: which destination IPs belong to mesh workloads, what protocol they speak and
 //! which identity they must prove.
 //!
-//! Each source (today the local YAML file, [`local_file`]; later the Kubernetes API) replaces its own
+//! Each source (the local YAML file, [`local_file`], and the Kubernetes API, [`kube_source`]) replaces its own
 //! complete set of workloads with [`Directory::replace`]; lookups see the union of all sources.
 
+pub mod kube_source;
 pub mod local_file;
 
 use std::collections::HashMap;

@@ -1,0 +1,209 @@
+//! The directory source for a cluster: every pod the node agent has enrolled (annotated
+//! `ambient.istio.io/redirection=enabled`) speaks HBONE, with the identity of its namespace and service account.
+//!
+//! All pods are watched cluster-wide, because a destination can run on any node. The watcher relists and
+//! retries with backoff when the API is away; entries stay as they were until it answers again.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt as _;
+use kube::{Api, Client};
+
+use super::{Directory, Protocol, Workload};
+
+/// The name this source's entries are kept under in the [`Directory`].
+pub const SOURCE: &str = "kubernetes";
+
+/// The annotation the node agent sets on pods whose traffic it redirects to the proxy.
+const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
+
+/// Watches with the client inferred from `KUBECONFIG` or the in-cluster service account. Without either, the
+/// source stays off and says so; an unreachable API is retried for as long as the task runs.
+pub async fn watch_inferred(directory: Directory) {
+    match Client::try_default().await {
+        Ok(client) => watch(client, directory).await,
+        Err(error) => tracing::info!(%error, "no Kubernetes configuration: pods are not a workload source"),
+    }
+}
+
+/// Keeps this source's entries equal to the enrolled pods with an address, until the task is dropped.
+pub async fn watch(client: Client, directory: Directory) {
+    let events = watcher::watcher(Api::<Pod>::all(client), watcher::Config::default()).default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut pods = HashMap::<String, Workload>::new();
+    // Filled during a (re)list; swapped in whole at InitDone so pods deleted while away disappear.
+    let mut listing = HashMap::<String, Workload>::new();
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                tracing::warn!(%error, "watching pods for the workload directory (retrying)");
+                continue;
+            }
+        };
+        match event {
+            Event::Init => listing.clear(),
+            Event::InitApply(pod) => {
+                if let Some((uid, workload)) = workload(&pod) {
+                    listing.insert(uid, workload);
+                }
+                continue;
+            }
+            Event::InitDone => pods = std::mem::take(&mut listing),
+            Event::Apply(pod) => {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                match workload(&pod) {
+                    Some((uid, workload)) => pods.insert(uid, workload),
+                    None => pods.remove(&uid),
+                };
+            }
+            Event::Delete(pod) => {
+                pods.remove(pod.metadata.uid.as_deref().unwrap_or_default());
+            }
+        }
+        for error in directory.replace(SOURCE, pods.values().cloned().collect()) {
+            tracing::warn!(%error, "skipping pod");
+        }
+    }
+}
+
+/// The pod as a mesh workload, keyed by uid: `None` unless it is enrolled, has an address and is not finished
+/// (a finished pod's address may already belong to someone else).
+fn workload(pod: &Pod) -> Option<(String, Workload)> {
+    let meta = &pod.metadata;
+    let enrolled = meta.annotations.as_ref().and_then(|a| a.get(REDIRECTION_ANNOTATION)).map(String::as_str);
+    let status = pod.status.as_ref()?;
+    if enrolled != Some("enabled") || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let workload_ips: Vec<IpAddr> = status.pod_ips.iter().flatten().filter_map(|ip| ip.ip.parse().ok()).collect();
+    if workload_ips.is_empty() {
+        return None;
+    }
+    let spec = pod.spec.as_ref();
+    let uid = meta.uid.clone().unwrap_or_default();
+    let workload = Workload {
+        uid: uid.clone(),
+        name: meta.name.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        service_account: spec
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|sa| !sa.is_empty())
+            .unwrap_or_else(super::default_service_account),
+        trust_domain: String::new(),
+        workload_ips,
+        protocol: Protocol::Hbone,
+        node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+    };
+    Some((uid, workload))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use fake_apiserver::{FakeApiServer, Fault};
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn pod(name: &str, ip: &str, annotation: Option<&str>, service_account: Option<&str>) -> Value {
+        let mut pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "app", "image": "busybox"}]},
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+        });
+        if let Some(value) = annotation {
+            pod["metadata"]["annotations"] = json!({ REDIRECTION_ANNOTATION: value });
+        }
+        if let Some(sa) = service_account {
+            pod["spec"]["serviceAccountName"] = json!(sa);
+        }
+        pod
+    }
+
+    async fn client(server: &FakeApiServer) -> Client {
+        let kubeconfig = Kubeconfig::from_yaml(&server.kubeconfig_yaml()).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
+        Client::try_from(config).unwrap()
+    }
+
+    async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !condition() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn enrolled_pods_appear_with_their_identity_and_leave_when_unenrolled_or_deleted() {
+        let server = FakeApiServer::start().unwrap();
+        // Present before the watch starts: exercises the initial list.
+        server.upsert(pod("plain", "10.9.0.1", None, None)).unwrap();
+        server.upsert(pod("web", "10.9.0.2", Some("enabled"), Some("web-sa"))).unwrap();
+        let directory = Directory::new("example.org");
+        let task = tokio::spawn(watch(client(&server).await, directory.clone()));
+
+        wait_for("the enrolled pod is listed", || directory.lookup(ip("10.9.0.2")).is_some()).await;
+        let found = directory.lookup(ip("10.9.0.2")).unwrap();
+        assert_eq!(found.identity.to_string(), "spiffe://example.org/ns/shop/sa/web-sa");
+        assert_eq!(found.workload.protocol, Protocol::Hbone);
+        assert!(directory.lookup(ip("10.9.0.1")).is_none(), "an unannotated pod is not a mesh workload");
+
+        // Watch events, in order: the later enrolled pod showing up proves the earlier ones were seen.
+        server.upsert(pod("late-plain", "10.9.0.3", None, None)).unwrap();
+        server.upsert(pod("finished", "10.9.0.4", Some("enabled"), None)).unwrap();
+        let mut finished = pod("finished", "10.9.0.4", Some("enabled"), None);
+        finished["status"]["phase"] = json!("Succeeded");
+        server.upsert(finished).unwrap();
+        server.upsert(pod("db", "10.9.0.5", Some("enabled"), None)).unwrap();
+        wait_for("the second enrolled pod is seen", || directory.lookup(ip("10.9.0.5")).is_some()).await;
+        assert_eq!(
+            directory.lookup(ip("10.9.0.5")).unwrap().identity.to_string(),
+            "spiffe://example.org/ns/shop/sa/default",
+            "no serviceAccountName means the default account"
+        );
+        assert!(directory.lookup(ip("10.9.0.3")).is_none(), "an unannotated pod never appears");
+        assert!(directory.lookup(ip("10.9.0.4")).is_none(), "a finished pod's address is released");
+
+        server.upsert(pod("web", "10.9.0.2", Some("disabled"), Some("web-sa"))).unwrap();
+        wait_for("the unenrolled pod is gone", || directory.lookup(ip("10.9.0.2")).is_none()).await;
+
+        server.delete("Pod", Some("shop"), "db").unwrap();
+        wait_for("the deleted pod is gone", || directory.lookup(ip("10.9.0.5")).is_none()).await;
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn pods_deleted_while_the_api_was_away_are_dropped_on_the_relist() {
+        let server = FakeApiServer::start().unwrap();
+        server.upsert(pod("web", "10.9.1.2", Some("enabled"), None)).unwrap();
+        let directory = Directory::new("example.org");
+        let task = tokio::spawn(watch(client(&server).await, directory.clone()));
+        wait_for("the enrolled pod is listed", || directory.lookup(ip("10.9.1.2")).is_some()).await;
+
+        // The API goes away, the pod is deleted meanwhile and its history compacted: no watch event tells of
+        // the deletion, only the fresh list the watcher makes once the API is back.
+        server.cluster().set_fault(Some(Fault::Refuse));
+        server.drop_watches();
+        server.delete("Pod", Some("shop"), "web").unwrap();
+        server.upsert(pod("other", "10.9.1.3", Some("enabled"), None)).unwrap();
+        server.compact();
+        server.cluster().set_fault(None);
+        wait_for("the relist is seen", || directory.lookup(ip("10.9.1.3")).is_some()).await;
+        assert!(directory.lookup(ip("10.9.1.2")).is_none(), "the pod deleted while away is gone");
+        task.abort();
+    }
+}
