@@ -75,13 +75,13 @@ pub fn install(source: &Path, targets: &[PathBuf]) -> Result<Vec<InstalledBinary
     for dir in targets {
         match remove_stale_temps(dir) {
             Ok(stale) => stale.iter().for_each(|p| tracing::info!(temp = %p.display(), "removed stale temp file")),
-            Err(e) if e.raw_os_error() == Some(EROFS) => return Err(BinError::ReadOnly { dir: dir.clone() }),
+            Err(e) if read_only(&e) => return Err(BinError::ReadOnly { dir: dir.clone() }),
             Err(e) => return Err(BinError::Write { path: dir.clone(), source: e }),
         }
         for (name, path, mode) in &files {
             let dest = dir.join(name);
             let write_err = |e: std::io::Error| {
-                if e.raw_os_error() == Some(EROFS) {
+                if read_only(&e) {
                     BinError::ReadOnly { dir: dir.clone() }
                 } else {
                     BinError::Write { path: dest.clone(), source: e }
@@ -97,8 +97,10 @@ pub fn install(source: &Path, targets: &[PathBuf]) -> Result<Vec<InstalledBinary
     Ok(installed)
 }
 
-/// EROFS: the errno a read-only mount returns (Linux).
-const EROFS: i32 = 30;
+/// Whether an error comes from a read-only mount (EROFS), also when wrapped with a path (as tempfile does).
+fn read_only(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::ReadOnlyFilesystem
+}
 
 /// Deletes our copies (cleanup); missing files are fine.
 pub fn uninstall(installed: &[InstalledBinary]) {
@@ -138,5 +140,30 @@ mod tests {
         uninstall(&installed);
         assert!(!copy.exists() && !b.path().join("other").exists());
         assert!(a.path().join("x.tmp").exists(), "only our own files are removed");
+    }
+
+    /// A read-only tmpfs mounted over a temp dir for the life of the guard (tests run as root).
+    struct ReadOnlyMount(tempfile::TempDir);
+
+    impl Drop for ReadOnlyMount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0.path()).status();
+        }
+    }
+
+    #[test]
+    fn a_read_only_bin_dir_says_which_setting_to_change() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::write(src.path().join("istio-cni"), b"plugin").unwrap();
+        let ro = ReadOnlyMount(tempfile::tempdir().unwrap());
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+            .arg(ro.0.path())
+            .status()
+            .expect("run mount");
+        assert!(mounted.success(), "mount a read-only tmpfs");
+        let err = install(src.path(), &[ro.0.path().to_path_buf()]).unwrap_err();
+        assert!(matches!(err, BinError::ReadOnly { .. }), "{err}");
+        assert!(err.to_string().contains("HOST_CNI_BIN_DIR"), "{err}");
     }
 }
