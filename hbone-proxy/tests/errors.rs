@@ -21,7 +21,7 @@ use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use netns::Netns;
 use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
-use tests::install_cni::eventually;
+use tests::wait::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod support;

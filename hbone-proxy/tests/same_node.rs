@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ring::digest::{Context, Digest, SHA256};
-use tests::install_cni::eventually;
 use tests::node_agent::uid;
+use tests::wait::eventually;
 use tests::NetnsGuard;
 
 mod support;

@@ -8,10 +8,11 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+
+use crate::wait::{eventually, eventually_or};
 use tempfile::TempDir;
 
 use crate::{bins, Cluster};
@@ -24,8 +25,6 @@ pub const MONITORING_PORT: u16 = 15014;
 pub const PLUGIN: &str = "istio-cni";
 /// File name of the kubeconfig the installer writes into the run dir.
 pub const KUBECONFIG_NAME: &str = "istio-cni-kubeconfig";
-/// How long any awaited condition (readiness, a repair, an exit) may take before the test fails.
-pub const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A real CA certificate (Istio's install-cni test data), so the plugin's kube client accepts the kubeconfig.
 const CA_CRT: &str = "-----BEGIN CERTIFICATE-----
@@ -48,27 +47,6 @@ hS4gquZELb6yy16M4E5+sfeHqCDg7zlAMyXPzZlq5gVgn98MVjrWlEG5RRE=
 ";
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
-
-/// Polls `probe` every 10ms until it yields a value, panicking with `what` after [`DEADLINE`].
-#[track_caller]
-pub fn eventually<T>(what: &str, probe: impl FnMut() -> Option<T>) -> T {
-    eventually_or(what, probe, String::new)
-}
-
-/// Like [`eventually`], adding `context()` (e.g. a log) to the panic message.
-#[track_caller]
-fn eventually_or<T>(what: &str, mut probe: impl FnMut() -> Option<T>, context: impl Fn() -> String) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {DEADLINE:?} waiting until {what}\n{}", context());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// A service-account volume laid out as the kubelet projects it: `..<timestamp>/{token,ca.crt,namespace}`,
 /// `..data -> ..<timestamp>`, and `token`, `ca.crt`, `namespace` linked through `..data`, so a rotation is one
@@ -223,7 +201,7 @@ impl InstallCni {
         crate::http::get(&self.netns, port, path)
     }
 
-    /// [`eventually`], with the installer's log in the panic message.
+    /// [`eventually`](crate::wait::eventually), with the installer's log in the panic message.
     #[track_caller]
     pub fn until<T>(&self, what: &str, probe: impl FnMut() -> Option<T>) -> T {
         eventually_or(what, probe, || format!("install-cni log:\n{}", self.log()))

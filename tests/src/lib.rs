@@ -16,6 +16,7 @@ pub mod podman;
 pub mod runtime;
 pub mod spy;
 pub mod tcp;
+pub mod wait;
 
 pub use mesh::Cluster;
 pub use netns_guard::NetnsGuard;

@@ -19,8 +19,9 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 use zds::messages::{workload_request::Payload, WorkloadInfo};
 
-use crate::install_cni::{eventually, READINESS_PORT};
+use crate::install_cni::READINESS_PORT;
 use crate::mesh::{plain_pod, Cluster};
+use crate::wait::eventually;
 use crate::{bins, NetnsGuard};
 
 /// The label (on a pod or its namespace) that enrolls pods in ambient with Istio's default selectors.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use netns::Netns;
 
-use crate::install_cni::eventually;
+use crate::wait::eventually;
 use crate::NetnsGuard;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);

@@ -4,13 +4,13 @@
 use std::net::{SocketAddr, SocketAddrV4};
 
 use serde_json::{json, Value};
-use tests::install_cni::eventually;
 use tests::mesh::{plain_pod, RuleBackend, INBOUND_PORT, OUTBOUND_PORT};
 use tests::node_agent::{
     ambient_conflist, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, Reply, RequestKind, ZdsPeer,
     DATAPLANE_MODE, PROBE_SNAT_V4, PROXY_MARK,
 };
 use tests::runtime::RuntimeError;
+use tests::wait::eventually;
 use tests::{Cluster, Pod};
 
 /// Namespace of the test pods (not labelled: pods opt in by their own label).

@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tests::install_cni::eventually;
 use tests::mesh::{plain_pod, RuleBackend};
 use tests::node_agent::{
     ambient_conflist, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind, ZdsPeer,
     DATAPLANE_MODE,
 };
 use tests::pod_process::PodProcess;
+use tests::wait::eventually;
 use tests::{Cluster, NetnsGuard, Pod};
 use zds::messages::ZdsHello;
 use zds::transport::SeqpacketConn;

@@ -9,9 +9,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tests::install_cni::eventually;
 use tests::mesh::RuleBackend;
 use tests::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent};
+use tests::wait::eventually;
 use tests::{Cluster, NetnsGuard, Pod};
 
 /// Namespace of the scene's pods.
