@@ -2,11 +2,9 @@
 //! end-to-end tests of this crate.
 #![allow(dead_code)] // not every test binary uses every helper
 
-use std::fs::File;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tests::mesh::RuleBackend;
@@ -14,93 +12,14 @@ use tests::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent
 use tests::wait::eventually;
 use tests::{Cluster, NetnsGuard, Pod};
 
+pub use tests::hbone_proxy::Proxy;
+
 /// Namespace of the scene's pods.
 pub const NS: &str = "shop";
 /// The trust domain the scene's workloads are listed in.
 pub const TD: &str = "cluster.local";
 /// Port B's app listens on.
 pub const APP_PORT: u16 = 8080;
-
-/// Where the proxy serves `/healthz/ready` (Istio's port), inside the node netns.
-const READY_PORT: u16 = 15021;
-
-/// The `hbone-proxy` binary running in the node netns; killed on drop, its log printed if the test failed.
-pub struct Proxy {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proxy {
-    /// Starts the proxy with the agent's ZDS socket, a state dir and local workloads file under `dir`, plus
-    /// `env`; returns once it answers `/healthz/ready` with 200.
-    pub fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path, env: &[(&str, &str)]) -> Self {
-        let log =
-            (0..).map(|n| dir.join(format!("hbone-proxy-{n}.log"))).find(|p| !p.exists()).expect("a free log name");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hbone-proxy"));
-        cmd.env_clear()
-            .env("INPOD_UDS", agent.zds_socket())
-            .env("STATE_DIR", dir.join("state"))
-            .env("LOCAL_WORKLOADS", workloads)
-            .env("LOG_LEVEL", "debug,h2=info,rustls=info,hyper=info")
-            .env("NO_COLOR", "1")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("proxy log file"));
-        let node = cluster.node.netns().open().expect("open node netns");
-        let child = node.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
-        let mut proxy = Proxy { child, log };
-        let netns = cluster.node.netns().path();
-        eventually("hbone-proxy answers /healthz/ready with 200", || {
-            if let Ok(Some(status)) = proxy.child.try_wait() {
-                panic!("hbone-proxy exited with {status}; log:\n{}", proxy.log());
-            }
-            (http_get(&netns, READY_PORT, "/healthz/ready").map(|(status, _)| status) == Some(200)).then_some(())
-        });
-        proxy
-    }
-
-    /// Everything the proxy logged so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Kills the proxy (as a crash or a node reboot would) and reaps it.
-    pub fn stop(&mut self) {
-        self.child.kill().expect("kill hbone-proxy");
-        self.child.wait().expect("reap hbone-proxy");
-    }
-
-    /// Sends SIGTERM, as the kubelet does; returns when it was sent.
-    pub fn terminate(&self) -> Instant {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM hbone-proxy");
-        Instant::now()
-    }
-
-    /// The exit status once the proxy has exited, polled until `limit` after `since`.
-    pub fn exit_within(&mut self, since: Instant, limit: Duration) -> Option<ExitStatus> {
-        loop {
-            if let Some(status) = self.child.try_wait().expect("poll hbone-proxy") {
-                return Some(status);
-            }
-            if since.elapsed() > limit {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("hbone-proxy log:\n{}", self.log());
-        }
-    }
-}
 
 /// A GET from inside `netns` to 127.0.0.1:`port`: (status, body).
 pub fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
