@@ -191,6 +191,11 @@ pub struct InstallCni {
 }
 
 impl InstallCni {
+    /// The process id, so a caller can tell whether it is still running.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The process's log (its stderr) so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -123,6 +123,11 @@ impl NodeAgent {
         agent
     }
 
+    /// The process id, so a caller can tell whether it is still running.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The ZDS socket the node proxy connects to.
     pub fn zds_socket(&self) -> PathBuf {
         self.scratch.path().join("ztunnel.sock")
