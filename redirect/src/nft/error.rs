@@ -64,3 +64,12 @@ pub enum NftError {
     #[error(transparent)]
     Routing(#[from] ApplyError),
 }
+
+impl NftError {
+    /// Whether the kernel refused an object because it already exists (EEXIST), e.g. a table created by someone
+    /// else between listing and committing.
+    pub(crate) fn is_already_exists(&self) -> bool {
+        matches!(self, NftError::Rejected { source, .. } | NftError::MissingFeature { source, .. }
+            if source.raw_os_error() == Some(libc::EEXIST))
+    }
+}

@@ -1,9 +1,11 @@
 //! Reads back which nftables tables a netns holds (NFT_MSG_GETTABLE dump), without any binary.
 
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use super::attr::{attrs, c_string, Writer};
-use super::netlink_dump::{exchange, End, Steps, NLM_F_DUMP, NLM_F_REQUEST};
+use super::netlink_dump::{exchange_on, End, Steps, NLM_F_DUMP, NLM_F_REQUEST};
+use super::socket::open;
 use super::NftError;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -21,11 +23,16 @@ pub struct TableId {
 
 /// Lists every nftables table of the calling thread's netns (all families, including iptables-nft's).
 pub(super) fn tables() -> Result<Vec<TableId>, NftError> {
+    tables_on(open()?.as_fd())
+}
+
+/// [`tables`] over an open socket.
+pub(super) fn tables_on(fd: BorrowedFd<'_>) -> Result<Vec<TableId>, NftError> {
     let mut w = Writer::default();
     w.message((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE, NLM_F_REQUEST | NLM_F_DUMP, 1, 0, 0, |_| {});
     let steps = Steps { send: "send table dump request", receive: "receive table dump" };
     let mut out = Vec::new();
-    let end = exchange(w.bytes(), steps, |family, msg| {
+    let end = exchange_on(fd, w.bytes(), steps, |family, msg| {
         if let Some((_, name)) = attrs(msg).find(|(ty, _)| *ty == NFTA_TABLE_NAME) {
             out.push(TableId { family, name: c_string(name) });
         }

@@ -16,6 +16,8 @@ pub mod set;
 pub(crate) mod socket;
 pub mod stmt;
 
+use std::os::fd::AsFd;
+
 use netns::Netns;
 
 pub use error::NftError;
@@ -24,37 +26,61 @@ pub use list::TableId;
 
 use crate::sidecar::Plan;
 
-/// First sequence number of a batch; each batch uses its own socket, so numbers never collide.
+/// First sequence number of a batch on a fresh socket.
 const FIRST_SEQ: u32 = 1;
+/// First sequence number of the fallback batch sent after a failed fast path on the same socket.
+const FALLBACK_SEQ: u32 = 1 << 16;
+/// Netfilter family of all our tables.
+const NFPROTO_INET: u8 = 1;
 
 /// Programs `plan` inside `netns`: one transaction deletes any `istio-proxy-*` tables (stale, partial or
 /// current) and creates the plan's tables, so re-applying is idempotent and there is never a moment without
 /// rules; then, as the iptables backend does, adds `::6` to `lo` for IPv6 plans and TPROXY policy routing.
 ///
 /// On a kernel error nothing of the transaction is applied and the previous tables stay as they were.
+///
+/// Cost: in a netns that holds none of our tables (a new pod, the common case) the transaction only adds. The
+/// kernel frees deleted objects of a transaction after an RCU grace period, and closing a netfilter socket waits
+/// for that pending work (several ms); a deletion-free batch leaves none, so a pod's programming costs about
+/// one netlink round trip. Re-programming an existing pod takes the replace path and pays the wait.
 pub fn apply(netns: &Netns, plan: &Plan) -> Result<(), NftError> {
     let layout = NftLayout::sidecar(plan)?;
-    let batch = msg::replace(FIRST_SEQ, &owned_tables(SIDECAR_PREFIX), &layout)?;
     netns.run(|| -> Result<(), NftError> {
-        socket::commit(&batch)?;
+        replace_here(SIDECAR_PREFIX, &layout)?;
         crate::apply::program_netlink(plan)?;
         Ok(())
     })?
 }
 
+/// Replaces the `<prefix>-*` tables of the calling thread's netns with `layout`, over one socket: if none exists,
+/// one create-only batch (its EEXIST, from a table created meanwhile, falls back); otherwise, or on that
+/// fallback, one batch that drops all of them and creates the layout.
+fn replace_here(prefix: &str, layout: &NftLayout) -> Result<(), NftError> {
+    let fd = socket::open()?;
+    let owned = owned_tables(prefix);
+    let ours = list::tables_on(fd.as_fd())?.into_iter().any(|t| t.family == NFPROTO_INET && owned.contains(&t.name));
+    if !ours {
+        if layout.tables.is_empty() {
+            return Ok(());
+        }
+        match socket::commit_on(fd.as_fd(), &msg::create(FIRST_SEQ, layout)?) {
+            Err(err) if err.is_already_exists() => {}
+            done => return done,
+        }
+    }
+    socket::commit_on(fd.as_fd(), &msg::replace(FALLBACK_SEQ, &owned, layout)?)
+}
+
 /// Deletes exactly our sidecar tables (`istio-proxy-nat`, `-mangle`, `-raw`, `-filter`) from `netns`, whether or
 /// not they exist, in one transaction. Other tables are untouched.
 pub fn remove(netns: &Netns) -> Result<(), NftError> {
-    let empty = NftLayout { tables: Vec::new() };
-    let batch = msg::replace(FIRST_SEQ, &owned_tables(SIDECAR_PREFIX), &empty)?;
-    netns.run(|| socket::commit(&batch))?
+    netns.run(|| replace_here(SIDECAR_PREFIX, &NftLayout { tables: Vec::new() }))?
 }
 
 /// Replaces every table named `<prefix>-<table>` in `netns` with the tables of `layout`, in one transaction
 /// (an empty layout removes them). Tables of other names are untouched.
 pub fn replace_tables(netns: &Netns, prefix: &str, layout: &NftLayout) -> Result<(), NftError> {
-    let batch = msg::replace(FIRST_SEQ, &owned_tables(prefix), layout)?;
-    netns.run(|| socket::commit(&batch))?
+    netns.run(|| replace_here(prefix, layout))?
 }
 
 /// Lists every nftables table in `netns` (any family, also iptables-nft's `ip nat` etc.), read over netlink:

@@ -34,6 +34,7 @@ pub(super) const NLM_F_REQUEST: u16 = 0x1;
 pub(super) const NLM_F_ACK: u16 = 0x4;
 const NLM_F_APPEND: u16 = 0x800;
 pub(super) const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_EXCL: u16 = 0x200;
 
 /// What a message of the batch creates or deletes, so a kernel error can name it.
 #[derive(Debug, Clone)]
@@ -82,8 +83,16 @@ impl Batch {
         self.add(NFT_MSG_DELTABLE, 0, obj("delete"), |w| w.string(NFTA_TABLE_NAME, name));
     }
 
-    fn table(&mut self, t: &NftTable) -> Result<(), NftError> {
-        self.new_table(&t.name);
+    fn table(&mut self, t: &NftTable, exclusive: bool) -> Result<(), NftError> {
+        if exclusive {
+            let obj = Object { name: format!("table inet {} (new)", t.name), features: vec!["nf_tables inet family"] };
+            self.add(NFT_MSG_NEWTABLE, NLM_F_CREATE | NLM_F_EXCL, obj, |w| {
+                w.string(NFTA_TABLE_NAME, &t.name);
+                w.be32(NFTA_TABLE_FLAGS, 0);
+            });
+        } else {
+            self.new_table(&t.name);
+        }
         for c in &t.chains {
             self.chain(&t.name, c);
         }
@@ -174,7 +183,18 @@ pub(super) fn replace(first_seq: u32, owned: &[String], layout: &NftLayout) -> R
         batch.drop_table(name);
     }
     for t in &layout.tables {
-        batch.table(t)?;
+        batch.table(t, false)?;
+    }
+    Ok(batch.finish())
+}
+
+/// One transaction that only creates the layout's tables, failing with EEXIST if any of them exists. Used when
+/// none of our tables exist: a batch without deletions leaves the kernel no transaction to destroy after an RCU
+/// grace period, so closing the socket does not wait for one (see [`super::apply`]).
+pub(super) fn create(first_seq: u32, layout: &NftLayout) -> Result<Batch, NftError> {
+    let mut batch = Batch::new(first_seq);
+    for t in &layout.tables {
+        batch.table(t, true)?;
     }
     Ok(batch.finish())
 }

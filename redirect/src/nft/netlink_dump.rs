@@ -1,9 +1,9 @@
-//! One request and its answers on a fresh NETLINK_NETFILTER socket of the calling thread's netns: a dump
+//! One request and its answers on a NETLINK_NETFILTER socket of the calling thread's netns: a dump
 //! (nf_tables tables or set elements, ipset entries) or an acknowledged ipset command. Every data message is
 //! handed to the caller until the kernel ends the exchange.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use super::socket::open;
 use super::NftError;
@@ -37,8 +37,17 @@ pub(crate) struct Steps {
 
 /// Sends `request` (one encoded netlink message) and reads the answers until NLMSG_DONE or NLMSG_ERROR, calling
 /// `each(nfgen family, attributes)` for every data message. Errors are only [`NftError::Socket`].
-pub(crate) fn exchange(request: &[u8], steps: Steps, mut each: impl FnMut(u8, &[u8])) -> Result<End, NftError> {
-    let fd = open()?;
+pub(crate) fn exchange(request: &[u8], steps: Steps, each: impl FnMut(u8, &[u8])) -> Result<End, NftError> {
+    exchange_on(open()?.as_fd(), request, steps, each)
+}
+
+/// [`exchange`] on an open socket, so a caller can dump and then commit over one socket (one close).
+pub(crate) fn exchange_on(
+    fd: BorrowedFd<'_>,
+    request: &[u8],
+    steps: Steps,
+    mut each: impl FnMut(u8, &[u8]),
+) -> Result<End, NftError> {
     // SAFETY: `request` is a valid buffer of the given length.
     if unsafe { libc::send(fd.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) } < 0 {
         return Err(NftError::Socket { what: steps.send, source: io::Error::last_os_error() });

@@ -1,7 +1,7 @@
 //! A NETLINK_NETFILTER socket that sends one batch and checks every acknowledgement.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::msg::Batch;
 use super::NftError;
@@ -72,7 +72,11 @@ pub(crate) fn open() -> Result<OwnedFd, NftError> {
 /// every answer is queued when send returns; anything but one zero ack per object is an error, and the first
 /// failing object (by sequence) is reported, because later failures usually follow from it.
 pub(super) fn commit(batch: &Batch) -> Result<(), NftError> {
-    let fd = open()?;
+    commit_on(open()?.as_fd(), batch)
+}
+
+/// [`commit`] on an open socket whose earlier exchanges were read to the end.
+pub(super) fn commit_on(fd: BorrowedFd<'_>, batch: &Batch) -> Result<(), NftError> {
     let bytes = batch.writer.bytes();
     // SAFETY: `bytes` is a valid buffer of the given length; the kernel is the default destination.
     let sent = unsafe { libc::send(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
