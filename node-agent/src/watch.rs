@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client};
 
 use crate::config::Config;
@@ -39,8 +40,12 @@ pub async fn run(
         Api::<Pod>::all(client.clone()),
         watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name)),
     )
+    // Without a backoff a failing watch is retried at once, in a loop: an API outage would pin a core and
+    // flood the log and the API server. kube's default: 0.8 s doubling to 30 s, reset by the next event.
+    .default_backoff()
     .map(|e| e.map(|e| Change::Pod(Box::new(e))));
     let namespaces = watcher::watcher(Api::<Namespace>::all(client), watcher::Config::default())
+        .default_backoff()
         .map(|e| e.map(|e| Change::Namespace(Box::new(e))));
     let (retry_tx, retry_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let retries = tokio_stream_from(retry_rx).map(|uid| Ok(Change::Retry(uid)));
