@@ -154,6 +154,27 @@ impl NodeAgent {
         }
     }
 
+    /// Sends SIGKILL (a crash, an OOM kill) and reaps the process.
+    pub fn kill(&mut self) -> ExitStatus {
+        self.child.kill().expect("SIGKILL node-agent");
+        let status = self.child.wait().expect("reap node-agent");
+        self.exit = Some(status);
+        status
+    }
+
+    /// The agent's `/metrics` text, from inside the node netns.
+    pub fn metrics(&self) -> String {
+        crate::http::get(&self.netns, crate::install_cni::MONITORING_PORT, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// `/healthz` and `/readyz` status codes (`None` when it did not answer).
+    pub fn probes(&self) -> (Option<u16>, Option<u16>) {
+        let code = |path| crate::http::get(&self.netns, READINESS_PORT, path).ok().map(|(status, _)| status);
+        (code("/healthz"), code("/readyz"))
+    }
+
     /// Sends SIGTERM (as the kubelet does) and waits for the exit.
     #[track_caller]
     pub fn terminate(&mut self) -> ExitStatus {
