@@ -75,7 +75,12 @@ pub fn run() -> Result<(), Stop> {
 
     let mut installer = Installer::new(&cluster);
     // Its probe and metrics ports move aside: the node agent serves the default ones in the same (node) netns.
-    installer.env("AMBIENT_ENABLED", "true").env("READINESS_PORT", "8001").env("MONITORING_PORT", "15015");
+    let readiness_port = INSTALLER_READINESS_PORT.to_string();
+    installer.env("AMBIENT_ENABLED", "true").env("READINESS_PORT", &readiness_port).env("MONITORING_PORT", "15015");
+    track_dir(installer.sa.path().to_path_buf());
+    if let Some(scratch) = installer.source_dir.parent() {
+        track_dir(scratch.to_path_buf());
+    }
     let install = installer.start();
     track_process("install-cni", install.pid());
     wait_for("install-cni answers /readyz with 200", LIMIT, || {
@@ -86,6 +91,9 @@ pub fn run() -> Result<(), Stop> {
 
     let agent = NodeAgent::start(&cluster, &[]);
     track_process("node-agent", agent.pid());
+    if let Some(scratch) = agent.zds_socket().parent() {
+        track_dir(scratch.to_path_buf());
+    }
     progress(4, format_args!("node-agent (pid {}): ready, serving the plugin and ZDS", agent.pid()))?;
 
     let proxy_dir = tempfile::Builder::new().prefix("demo-proxy-").tempdir().map_err(|e| failed("proxy dir", e))?;
