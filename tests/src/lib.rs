@@ -5,6 +5,7 @@
 //! Everything here drives the real kernel and real binaries; it needs root.
 
 pub mod bins;
+pub mod chart;
 pub mod hbone_proxy;
 pub mod http;
 pub mod install_cni;
