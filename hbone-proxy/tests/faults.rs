@@ -1,0 +1,246 @@
+//! Faults around the real `hbone-proxy`: killed under load (pods fail closed while it is down, never plaintext
+//! around it), and a node agent that sends garbage over ZDS (the proxy logs, reconnects and keeps its pods).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tests::hbone_proxy::Proxy;
+use tests::mesh::plain_pod;
+use tests::node_agent::ambient_conflist;
+use tests::wait::{eventually, eventually_or};
+use tests::{NetnsGuard, Pod};
+use zds::messages::{workload_response, Ack, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello};
+use zds::transport::{SeqpacketConn, SeqpacketListener};
+
+mod support;
+use support::{listening, APP_PORT, NS};
+
+/// B's app: an echo server counting the connections it accepted.
+fn echo_app(listener: TcpListener) -> Arc<AtomicUsize> {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut reader = stream.try_clone().expect("clone socket");
+                let _ = std::io::copy(&mut reader, &mut stream);
+                let _ = stream.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    accepted
+}
+
+/// One echo exchange from `pod` to `dst`: Ok when the echo came back, else why not.
+fn exchange(pod: &Pod, dst: SocketAddr) -> Result<(), std::io::Error> {
+    let ns = pod.netns.open().expect("open pod netns");
+    let mut stream = ns.run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(2))).expect("enter pod netns")?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"ping")?;
+    let mut got = [0; 4];
+    stream.read_exact(&mut got)?;
+    if &got != b"ping" {
+        return Err(std::io::Error::other(format!("echo was {got:?}")));
+    }
+    Ok(())
+}
+
+/// Outcomes of a client loop: successes, and the error kinds of failures.
+#[derive(Default)]
+struct Tally {
+    ok: usize,
+    failed: Vec<ErrorKind>,
+}
+
+#[test]
+fn killing_the_proxy_under_load_makes_pod_traffic_fail_closed_never_plaintext_and_a_restart_heals_it() {
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let mut scene = support::Scene::new(dir, "b-sa", &[]);
+    let accepted = echo_app(scene.b_listener());
+    let b_app = SocketAddr::from((scene.b.ip, APP_PORT));
+    // A pod outside the mesh on the same node, for the inbound direction.
+    scene.cluster.create(&plain_pod(NS, "c"));
+    let c = scene.cluster.node.try_add_pod_with(ambient_conflist(&scene.cluster), "c", NS).expect("ADD of c");
+
+    // Four clients in A hammer B's app through the proxies; the tallies are reset when the proxy is dead.
+    let stop = AtomicBool::new(false);
+    let tally = Mutex::new(Tally::default());
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let result = exchange(&scene.a, b_app);
+                    let mut t = tally.lock().unwrap();
+                    match result {
+                        Ok(()) => t.ok += 1,
+                        Err(e) => t.failed.push(e.kind()),
+                    }
+                }
+            });
+        }
+        let stopper = StopOnDrop(&stop);
+        eventually("A's clients reach B through the proxies", || (tally.lock().unwrap().ok >= 20).then_some(()));
+        assert!(tally.lock().unwrap().failed.is_empty(), "failures before the kill");
+
+        scene.proxy.stop();
+        // Connections that were in flight at the kill are settled once every client has failed since.
+        eventually("every client fails after the kill", || (tally.lock().unwrap().failed.len() >= 8).then_some(()));
+        let accepted_down = accepted.load(Ordering::SeqCst);
+        *tally.lock().unwrap() = Tally::default();
+        eventually("A's clients keep trying while the proxy is down", || {
+            (tally.lock().unwrap().failed.len() >= 100).then_some(())
+        });
+        let inbound = exchange(&c, b_app);
+        drop(stopper);
+        let t = tally.lock().unwrap();
+        assert_eq!(t.ok, 0, "A reached B with the proxy down: its traffic went around the mesh");
+        assert!(
+            t.failed.iter().all(|k| matches!(k, ErrorKind::ConnectionRefused | ErrorKind::ConnectionReset)),
+            "A's connections fail at once (refused by the capture with nothing listening): {:?}",
+            t.failed
+        );
+        assert!(inbound.is_err(), "a non-mesh pod reached B's app with the proxy down");
+        assert_eq!(accepted.load(Ordering::SeqCst), accepted_down, "B's app got connections while the proxy was down");
+    });
+
+    // The restarted proxy gets both pods back from the agent's snapshot; traffic flows again.
+    let _restarted = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
+    eventually_or("A reaches B through the restarted proxy", || exchange(&scene.a, b_app).ok(), || scene.proxy.log());
+}
+
+/// Sets the flag when dropped, so the client threads stop even when the test panics.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// An `hbone-proxy` in its own node netns, connected to a ZDS socket the test serves; killed on drop.
+struct LoneProxy {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl LoneProxy {
+    fn start(node: &NetnsGuard, dir: &Path, uds: &Path) -> Self {
+        let log = dir.join("hbone-proxy.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hbone-proxy"));
+        cmd.env_clear()
+            .env("INPOD_UDS", uds)
+            .env("STATE_DIR", dir.join("state"))
+            .env("KUBE_WORKLOADS", "false")
+            .env("LOG_LEVEL", "debug,h2=info,rustls=info,hyper=info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("proxy log file"));
+        let ns = node.open().expect("open node netns");
+        let child = ns.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
+        LoneProxy { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for LoneProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("hbone-proxy log:\n{}", self.log());
+        }
+    }
+}
+
+/// Accepts the proxy's next connection and reads its hello, within 10 s.
+async fn accept_hello(listener: &SeqpacketListener) -> SeqpacketConn {
+    let conn = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .expect("the proxy (re)connects within 10 s")
+        .expect("accept");
+    let (hello, _) = conn.recv_msg::<ZdsHello>("ZdsHello").await.expect("the proxy says hello");
+    assert_eq!(hello, ZdsHello::v1());
+    conn
+}
+
+/// Sends `request` (with `fd`) and returns the proxy's ack: `Ok` or the error it carried.
+async fn request(conn: &SeqpacketConn, request: &WorkloadRequest, fd: Option<BorrowedFd<'_>>) -> Result<(), String> {
+    conn.send_msg(request, fd).await.expect("send request");
+    let (ack, _) = tokio::time::timeout(Duration::from_secs(10), conn.recv_msg::<WorkloadResponse>("ack"))
+        .await
+        .expect("the proxy acks within 10 s")
+        .expect("an ack");
+    match ack.payload {
+        Some(workload_response::Payload::Ack(Ack { error })) if error.is_empty() => Ok(()),
+        Some(workload_response::Payload::Ack(Ack { error })) => Err(error),
+        None => Err("an ack without payload".to_owned()),
+    }
+}
+
+#[test]
+fn garbage_from_the_agent_side_makes_the_proxy_reconnect_and_keep_its_pods_listening() {
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let node = NetnsGuard::new("znode");
+    let pod = NetnsGuard::new("zpod");
+    pod.exec_ok(&["ip", "link", "set", "lo", "up"]);
+    pod.exec_ok(&["ip", "addr", "add", &format!("{}/32", Ipv4Addr::new(192, 0, 2, 10)), "dev", "lo"]);
+    let uds = dir.path().join("ztunnel.sock");
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let listener = rt.block_on(async { SeqpacketListener::bind(&uds, 0o700) }).expect("bind the test's ZDS socket");
+    let proxy = LoneProxy::start(&node, dir.path(), &uds);
+    let info = WorkloadInfo { name: "web".into(), namespace: NS.into(), service_account: "web-sa".into() };
+    let pod_ports = [15001, 15006, 15008];
+
+    rt.block_on(async {
+        let conn = accept_hello(&listener).await;
+        let netns = pod.open().expect("open pod netns").try_clone_fd().expect("pod netns fd");
+        let ack = request(&conn, &WorkloadRequest::add("web-uid", info.clone()), Some(netns.as_fd())).await;
+        assert_eq!(ack, Ok(()), "the proxy took the pod");
+        assert_eq!(request(&conn, &WorkloadRequest::snapshot_sent(), None).await, Ok(()));
+        for port in pod_ports {
+            assert!(listening(&pod, port), "the pod's proxy listens on {port}");
+        }
+
+        let garbage: [(&str, &[u8]); 3] = [
+            ("random bytes", &[0xff; 8]),
+            ("a truncated AddWorkload", &[0x0a, 0x10, 0x0a, 0x07]),
+            ("a hello where a request belongs", &[0x08, 0x01, 0x12, 0x7f]),
+        ];
+        let mut conn = conn;
+        for (n, (what, bytes)) in garbage.into_iter().enumerate() {
+            conn.send(bytes, None).await.expect("send garbage");
+            let lost = n + 1;
+            eventually_or(
+                &format!("after {what} the proxy logs the lost connection"),
+                || (proxy.log().matches("ZDS connection lost").count() >= lost).then_some(()),
+                || proxy.log(),
+            );
+            conn = accept_hello(&listener).await;
+            for port in pod_ports {
+                assert!(listening(&pod, port), "after {what} the pod's proxy still listens on {port}");
+            }
+            // The reconnected session's snapshot keeps the pod.
+            assert_eq!(request(&conn, &WorkloadRequest::keep("web-uid"), None).await, Ok(()), "after {what}");
+            assert_eq!(request(&conn, &WorkloadRequest::snapshot_sent(), None).await, Ok(()), "after {what}");
+            for port in pod_ports {
+                assert!(listening(&pod, port), "after {what} and a new snapshot the pod still listens on {port}");
+            }
+        }
+        // The connection still works for real requests: a Del stops the pod's listeners.
+        assert_eq!(request(&conn, &WorkloadRequest::del("web-uid"), None).await, Ok(()));
+    });
+    eventually("the Del closed the pod's listeners", || (!listening(&pod, 15008)).then_some(()));
+    assert!(proxy.log().contains("pod proxy stopped"), "{}", proxy.log());
+}
