@@ -1,76 +1,25 @@
 //! Same-node acceptance: the real node agent and the real `hbone-proxy` in the node netns, ambient pods A and
-//! B created through the fake CNI runtime. A's app exchanges 16 MiB each way with B's app; the bytes cross
-//! the pods' veths only on port 15008 and B's app sees A's IP as its peer.
+//! B created through the fake CNI runtime. A's app exchanges 1 GiB each way with B's app (hashes match, the
+//! metrics count exactly those bytes); the bytes cross the pods' veths only on port 15008, as TLS (seen with
+//! tcpdump), and B's app sees A's IP as its peer.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
-use std::thread::JoinHandle;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use ring::digest::{Context, Digest, SHA256};
 use tests::node_agent::uid;
 use tests::wait::eventually;
 use tests::NetnsGuard;
 
 mod support;
-use support::{http_get, listening, Proxy, Scene, NS};
+use support::capture::{host_veth, payload_bytes, Capture, Packet};
+use support::traffic::{Payload, MARKER};
+use support::{listening, metric, Proxy, Scene, NS};
 
-const PAYLOAD: usize = 16 * 1024 * 1024;
-/// Where the proxy serves `/metrics` (Istio's port), inside the node netns.
-const METRICS_PORT: u16 = 15020;
-
-/// `len` deterministic pseudo-random bytes, different per seed.
-fn payload(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect()
-}
-
-fn sha(bytes: &[u8]) -> Digest {
-    ring::digest::digest(&SHA256, bytes)
-}
-
-/// Sends `data` (then shuts down the write side) while reading to EOF; returns the hash of what was read.
-fn exchange(stream: TcpStream, data: Vec<u8>) -> Digest {
-    let expected = data.len();
-    let mut writer = stream.try_clone().expect("clone socket");
-    let sender = std::thread::spawn(move || {
-        writer.write_all(&data).expect("send payload");
-        writer.shutdown(Shutdown::Write).expect("shut down write side");
-    });
-    let mut reader = stream;
-    reader.set_read_timeout(Some(Duration::from_secs(60))).expect("read timeout");
-    let mut hash = Context::new(&SHA256);
-    let mut buf = vec![0; 256 * 1024];
-    let mut total = 0;
-    loop {
-        let n = reader.read(&mut buf).expect("read payload");
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        total += n;
-    }
-    sender.join().expect("sender thread");
-    assert_eq!(total, expected, "bytes received (both sides send the same amount)");
-    hash.finish()
-}
-
-/// B's app on `listener`: serves one connection; yields (peer, hash of what it got).
-fn server_app(listener: TcpListener, data: Vec<u8>) -> JoinHandle<(SocketAddr, Digest)> {
-    std::thread::spawn(move || {
-        let (stream, peer) = listener.accept().expect("accept");
-        (peer, exchange(stream, data))
-    })
-}
-
+/// Bytes each way in the acceptance transfer.
+const PAYLOAD: u64 = 1024 * 1024 * 1024;
+/// Bytes each way in the captured transfer: enough for many full-size segments, small enough to keep the files
+/// small.
+const CAPTURED: u64 = 8 * 1024 * 1024;
 /// Byte counters on the pod's non-loopback traffic, by port, before NAT on the way in and after it on the way out.
 fn install_counters(ns: &NetnsGuard) {
     let rules = r#"
@@ -102,21 +51,14 @@ fn counter(ns: &NetnsGuard, name: &str) -> u64 {
     bytes.parse().expect("byte count")
 }
 
-fn metric(netns: &Path, line_prefix: &str) -> Option<f64> {
-    let (_, body) = http_get(netns, METRICS_PORT, "/metrics")?;
-    body.lines().find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
-}
-
-/// A's app connects to B:8080 and both send `len` bytes; returns B's view of the peer after checking hashes.
-fn transfer(scene: &Scene, len: usize) -> SocketAddr {
-    let (a_data, b_data) = (payload(1, len), payload(2, len));
-    let (a_sent, b_sent) = (sha(&a_data), sha(&b_data));
-    let server = server_app(scene.b_listener(), b_data);
-    let a_got = exchange(scene.a_connects_to_b(), a_data);
-    let (peer, b_got) = server.join().expect("server app");
-    assert_eq!(a_got.as_ref(), b_sent.as_ref(), "A received exactly what B sent");
-    assert_eq!(b_got.as_ref(), a_sent.as_ref(), "B received exactly what A sent");
-    peer
+/// A's app connects to B:8080 and both send `len` bytes (`marked` stamps [`MARKER`] into both payloads); returns
+/// B's view of the peer after checking lengths and hashes on both ends.
+fn transfer(scene: &Scene, len: u64, marked: bool) -> SocketAddr {
+    let (mut a_data, mut b_data) = (Payload::new(1, len), Payload::new(2, len));
+    if marked {
+        (a_data, b_data) = (a_data.marked(), b_data.marked());
+    }
+    support::traffic::transfer(scene.b_listener(), || scene.a_connects_to_b(), a_data, b_data)
 }
 
 /// A node with both pods listed under their own service accounts, and the proxy's default environment.
@@ -125,32 +67,75 @@ fn scene() -> Scene {
 }
 
 #[test]
-fn pods_on_one_node_talk_over_hbone_with_the_clients_ip_preserved() {
+fn pods_on_one_node_exchange_a_gib_each_way_over_hbone_with_the_clients_ip_preserved() {
     let scene = scene();
     let (cluster, proxy, a, b) = (&scene.cluster, &scene.proxy, &scene.a, &scene.b);
     install_counters(&a.netns);
     install_counters(&b.netns);
+    let netns = cluster.node.netns().path();
+    let byte_metrics: Vec<String> = ["inbound", "outbound"]
+        .iter()
+        .flat_map(|direction| {
+            ["istio_tcp_received_bytes_total", "istio_tcp_sent_bytes_total"]
+                .map(|name| format!("{name}{{direction=\"{direction}\",protocol=\"HBONE\"}}"))
+        })
+        .collect();
+    let before: Vec<f64> = byte_metrics.iter().map(|m| metric(&netns, m).unwrap_or(0.0)).collect();
 
-    let peer = transfer(&scene, PAYLOAD);
+    let peer = transfer(&scene, PAYLOAD, false);
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app sees A's IP as the peer (transparent source)");
 
     // On the wire: A → B only as HBONE (15008), nothing on the app port outside the pods.
-    let payload = PAYLOAD as u64;
-    assert!(counter(&a.netns, "out_dport_15008") > payload, "A sent the payload to B:15008");
-    assert!(counter(&b.netns, "in_dport_15008") > payload, "B received the payload on 15008");
-    assert!(counter(&b.netns, "out_sport_15008") > payload, "B answered from 15008");
+    assert!(counter(&a.netns, "out_dport_15008") > PAYLOAD, "A sent the payload to B:15008");
+    assert!(counter(&b.netns, "in_dport_15008") > PAYLOAD, "B received the payload on 15008");
+    assert!(counter(&b.netns, "out_sport_15008") > PAYLOAD, "B answered from 15008");
     for (pod, name) in [(a, "out_dport_8080"), (a, "out_sport_8080"), (b, "in_dport_8080"), (b, "out_sport_8080")] {
         assert_eq!(counter(&pod.netns, name), 0, "{name} must stay 0: no plaintext app traffic on the veth");
     }
-    // The proxy carried exactly the transfer on B's HBONE inbound and A's HBONE outbound.
-    let netns = cluster.node.netns().path();
-    for direction in ["inbound", "outbound"] {
-        for name in ["istio_tcp_received_bytes_total", "istio_tcp_sent_bytes_total"] {
-            let prefix = format!("{name}{{direction=\"{direction}\",protocol=\"HBONE\"}}");
-            eventually(&format!("{prefix} = {PAYLOAD}"), || (metric(&netns, &prefix)? == PAYLOAD as f64).then_some(()));
-        }
+    // The proxy counted exactly the transfer, each way, on B's HBONE inbound and A's HBONE outbound.
+    for (name, before) in byte_metrics.iter().zip(before) {
+        let want = before + PAYLOAD as f64;
+        eventually(&format!("{name} grew by {PAYLOAD}"), || (metric(&netns, name)? == want).then_some(()));
     }
     assert!(proxy.log().contains("direction=\"inbound\" protocol=\"HBONE\""), "access log of the tunnel");
+}
+
+#[test]
+fn on_the_pods_veths_the_payload_crosses_only_as_tls_on_15008() {
+    let scene = scene();
+    let node = scene.cluster.node.netns();
+    let files = tempfile::tempdir().expect("capture dir");
+    let captures: Vec<(&str, Capture)> = [("A", &scene.a), ("B", &scene.b)]
+        .into_iter()
+        .map(|(name, pod)| {
+            let veth = host_veth(&pod.result);
+            (name, Capture::start(node, &veth, &files.path().join(format!("{name}.pcap"))))
+        })
+        .collect();
+    transfer(&scene, CAPTURED, true);
+    for (name, capture) in captures {
+        let raw_file = files.path().join(format!("{name}.pcap"));
+        let both_payloads = format!("both payloads on {name}'s veth");
+        let packets = capture.stop_when(&both_payloads, |p| payload_bytes(p, 15008) > 2 * CAPTURED);
+        let raw = std::fs::read(&raw_file).expect("read capture");
+        assert!(
+            !raw.windows(MARKER.len()).any(|w| w == MARKER),
+            "{name}'s veth carried the plaintext marker: payload crossed in the clear"
+        );
+        let with_payload: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
+        let off_port: Vec<(u16, u16)> =
+            with_payload.iter().filter(|p| p.sport != 15008 && p.dport != 15008).map(|p| (p.sport, p.dport)).collect();
+        assert!(off_port.is_empty(), "{name}'s veth: TCP payload outside port 15008: {off_port:?}");
+        let first_to = with_payload.iter().find(|p| p.dport == 15008).expect("payload towards 15008");
+        let first_from = with_payload.iter().find(|p| p.sport == 15008).expect("payload from 15008");
+        for (side, packet) in [("client", first_to), ("server", first_from)] {
+            assert_eq!(
+                packet.payload[..2],
+                [0x16, 0x03],
+                "{name}'s veth: the {side} side of 15008 starts with a TLS handshake record"
+            );
+        }
+    }
 }
 
 #[test]
@@ -180,7 +165,7 @@ fn a_restarted_proxy_gets_the_pods_back_from_the_snapshot() {
     for pod in [&scene.a, &scene.b] {
         assert!(listening(&pod.netns, 15008), "listeners are back by the time the new proxy is ready");
     }
-    let peer = transfer(&scene, 1024 * 1024);
+    let peer = transfer(&scene, 1024 * 1024, false);
     assert_eq!(peer.ip(), IpAddr::from(scene.a.ip), "B's app sees A's IP after the restart");
     // The access log line is written when B's side of the tunnel stream ends, which may be after A's app saw EOF.
     eventually("the new proxy logged the inbound HBONE connection", || {

@@ -1,0 +1,123 @@
+//! Across-node acceptance: two node netns, each with its own real node agent, fake API server and real
+//! `hbone-proxy` (sharing one mesh CA, as the nodes of one mesh do), linked by a veth with a route to each
+//! other's pod subnet. Ambient pod A on node 1 exchanges data with ambient pod B on node 2: hashes match on both
+//! ends, B's app sees A's IP, both proxies count exactly the transferred bytes, and on the link between the nodes
+//! the payload crosses only on port 15008 as TLS.
+
+use std::net::{IpAddr, SocketAddr};
+
+use hbone::MeshCa;
+use serde_json::json;
+use tests::mesh::RuleBackend;
+use tests::node_agent::{namespace, NodeAgent};
+use tests::{Cluster, Pod};
+
+mod support;
+use support::capture::{payload_bytes, Capture};
+use support::traffic::{Payload, MARKER};
+use support::{ambient_member, connect_from, listen_on, metric, workload, write_workloads, Proxy, APP_PORT, NS, TD};
+
+/// Bytes each way in the large transfer (debug builds move about 10 MiB/s each way through two proxies).
+const PAYLOAD: u64 = 256 * 1024 * 1024;
+/// Bytes each way in the captured transfer.
+const CAPTURED: u64 = 8 * 1024 * 1024;
+/// The link between the nodes: its name on each node and the node addresses on it (only inside our netns).
+const LINK: [(&str, &str); 2] = [("hb-peer1", "192.0.2.1"), ("hb-peer2", "192.0.2.2")];
+
+/// One node: its cluster (netns, bridge, fake API), agent and proxy.
+struct NodeSide {
+    // Dropped first, while its log file in `dir` still exists.
+    proxy: Proxy,
+    cluster: Cluster,
+    _agent: NodeAgent,
+    dir: tempfile::TempDir,
+}
+
+impl NodeSide {
+    fn start(ca_dir: &str) -> Self {
+        let dir = tempfile::tempdir().expect("node scratch dir");
+        let cluster = Cluster::with_backend(RuleBackend::Nftables);
+        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+        let agent = NodeAgent::start(&cluster, &[]);
+        let proxy =
+            Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &[("CA_DIR", ca_dir)]);
+        NodeSide { proxy, cluster, _agent: agent, dir }
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        metric(&self.cluster.node.netns().path(), name).unwrap_or(0.0)
+    }
+}
+
+/// Connects the two node netns with a veth and routes each node's pod subnet through it.
+fn link(one: &Cluster, two: &Cluster) {
+    let (ns1, ns2) = (one.node.netns(), two.node.netns());
+    ns1.exec_ok(&["ip", "link", "add", LINK[0].0, "type", "veth", "peer", "name", LINK[1].0, "netns", ns2.name()]);
+    for ((ns, (dev, addr)), other) in [ns1, ns2].into_iter().zip(LINK).zip([two, one]) {
+        ns.exec_ok(&["ip", "addr", "add", &format!("{addr}/30"), "dev", dev]);
+        ns.exec_ok(&["ip", "link", "set", dev, "up"]);
+        ns.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        let via = if addr == LINK[0].1 { LINK[1].1 } else { LINK[0].1 };
+        ns.exec_ok(&["ip", "route", "add", &other.node.subnet(), "via", via]);
+    }
+}
+
+/// `key` summed over both directions of A's outbound (node 1) and B's inbound (node 2) HBONE connections.
+fn byte_metrics(one: &NodeSide, two: &NodeSide) -> Vec<f64> {
+    let names = ["istio_tcp_received_bytes_total", "istio_tcp_sent_bytes_total"];
+    let mut values = Vec::new();
+    for (side, direction) in [(one, "outbound"), (two, "inbound")] {
+        for name in names {
+            values.push(side.metric(&format!("{name}{{direction=\"{direction}\",protocol=\"HBONE\"}}")));
+        }
+    }
+    values
+}
+
+#[test]
+fn pods_on_two_nodes_talk_over_hbone_with_the_clients_ip_preserved() {
+    let ca_dir = tempfile::tempdir().expect("CA dir");
+    MeshCa::load_or_create(ca_dir.path(), TD).expect("the mesh CA both nodes share");
+    let ca = ca_dir.path().to_str().expect("UTF-8 path");
+    let (one, two) = (NodeSide::start(ca), NodeSide::start(ca));
+    link(&one.cluster, &two.cluster);
+    let a: Pod = ambient_member(&one.cluster, "a", "a-sa");
+    let b: Pod = ambient_member(&two.cluster, "b", "b-sa");
+    let listing = || {
+        vec![
+            workload(&one.cluster, "a", "a-sa", a.ip.into(), "node-1"),
+            workload(&two.cluster, "b", "b-sa", b.ip.into(), "node-2"),
+        ]
+    };
+    for side in [&one, &two] {
+        write_workloads(&side.proxy, &side.dir.path().join("workloads.yaml"), listing());
+    }
+    let b_app = SocketAddr::from((b.ip, APP_PORT));
+
+    // A first, captured exchange: on the link between the nodes only 15008 carries payload, and as TLS.
+    let files = tempfile::tempdir().expect("capture dir");
+    let file = files.path().join("link.pcap");
+    let capture = Capture::start(one.cluster.node.netns(), LINK[0].0, &file);
+    let (a_data, b_data) = (Payload::new(1, CAPTURED).marked(), Payload::new(2, CAPTURED).marked());
+    let peer = support::traffic::transfer(listen_on(&b, APP_PORT), || connect_from(&a, b_app), a_data, b_data);
+    assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app on node 2 sees A's IP as the peer");
+    let packets = capture.stop_when("both payloads on the node link", |p| payload_bytes(p, 15008) > 2 * CAPTURED);
+    let raw = std::fs::read(&file).expect("read capture");
+    assert!(!raw.windows(MARKER.len()).any(|w| w == MARKER), "the plaintext marker crossed the node link");
+    let with_payload: Vec<_> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
+    let off_port: Vec<_> = with_payload.iter().filter(|p| p.sport != 15008 && p.dport != 15008).collect();
+    assert!(off_port.is_empty(), "TCP payload outside port 15008 on the node link: {off_port:?}");
+    let hello = with_payload.iter().find(|p| p.dport == 15008).expect("payload towards 15008");
+    assert_eq!(hello.payload[..2], [0x16, 0x03], "the HBONE connection starts with a TLS handshake record");
+
+    // The large exchange, counted exactly by both proxies.
+    let before = byte_metrics(&one, &two);
+    let (a_data, b_data) = (Payload::new(3, PAYLOAD), Payload::new(4, PAYLOAD));
+    let peer = support::traffic::transfer(listen_on(&b, APP_PORT), || connect_from(&a, b_app), a_data, b_data);
+    assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app on node 2 sees A's IP as the peer");
+    let want: Vec<f64> = before.iter().map(|v| v + PAYLOAD as f64).collect();
+    tests::wait::eventually("both proxies counted exactly the transfer each way", || {
+        (byte_metrics(&one, &two) == want).then_some(())
+    });
+    assert!(two.proxy.log().contains("direction=\"inbound\" protocol=\"HBONE\""), "node 2 logged the tunnel");
+}
