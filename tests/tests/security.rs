@@ -165,7 +165,10 @@ fn the_agent_and_the_plugin_at_trace_log_no_token_and_no_certificate() {
     cluster.api.delete("Pod", Some(NS), "web");
 
     let plugin_log = std::fs::read_to_string(cluster.run_dir().join("istio-cni.log")).unwrap_or_default();
-    assert!(plugin_log.contains("web"), "the plugin logged the pod at trace: {plugin_log}");
+    assert!(
+        plugin_log.contains("web") && (plugin_log.contains("DEBUG") || plugin_log.contains("TRACE")),
+        "the plugin logged the pod verbosely: {plugin_log}"
+    );
     let found = leaks(&plugin_log, &[FAKE_API_TOKEN]);
     assert!(found.is_empty(), "the plugin logged secrets {found:?}:\n{plugin_log}");
     let log = agent.log();
