@@ -17,6 +17,8 @@ packages=(
   busybox-static
   util-linux
 )
+# hbone-proxy's end-to-end tests capture the pods' veths to prove only TLS on 15008 crosses the wire.
+packages+=(tcpdump)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -2,6 +2,9 @@
 //! end-to-end tests of this crate.
 #![allow(dead_code)] // not every test binary uses every helper
 
+pub mod capture;
+pub mod traffic;
+
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,16 +29,61 @@ pub fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
     tests::http::get(netns, port, path).ok()
 }
 
+/// The value on the line of the proxy's `/metrics` (in `netns`) that starts with `line_prefix`.
+pub fn metric(netns: &Path, line_prefix: &str) -> Option<f64> {
+    let (_, body) = http_get(netns, tests::hbone_proxy::METRICS_PORT, "/metrics")?;
+    body.lines().find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
+}
+
 /// Whether anything listens on `port` in `ns`.
 pub fn listening(ns: &NetnsGuard, port: u16) -> bool {
     !ns.exec_ok(&["ss", "-Hltn", &format!("sport = :{port}")]).trim().is_empty()
 }
 
-fn workload(cluster: &Cluster, name: &str, sa: &str, ip: IpAddr) -> Value {
+/// A local-workloads entry for pod `name` of `cluster` on `node`, speaking HBONE as service account `sa`.
+pub fn workload(cluster: &Cluster, name: &str, sa: &str, ip: IpAddr, node: &str) -> Value {
     json!({
         "uid": uid(cluster, NS, name), "name": name, "namespace": NS, "serviceAccount": sa,
-        "trustDomain": TD, "workloadIps": [ip], "protocol": "HBONE", "node": "node-1",
+        "trustDomain": TD, "workloadIps": [ip], "protocol": "HBONE", "node": node,
     })
+}
+
+/// Writes `workloads` to the local workloads file `path` of `proxy` and waits until the proxy loaded it.
+pub fn write_workloads(proxy: &Proxy, path: &Path, workloads: Vec<Value>) {
+    let addresses: usize = workloads.iter().map(|w| w["workloadIps"].as_array().map_or(0, Vec::len)).sum();
+    let loaded = format!("workload directory updated source=\"local-file\" addresses={addresses}");
+    let before = proxy.log().matches(&loaded).count();
+    let listing = json!({ "workloads": workloads });
+    std::fs::write(path, serde_yaml::to_string(&listing).expect("yaml")).expect("write workloads");
+    eventually("the proxy reloaded the workloads file", || {
+        (proxy.log().matches(&loaded).count() > before).then_some(())
+    });
+}
+
+/// Creates ambient pod `name` with service account `sa` in `cluster` through the fake CNI runtime; returns once
+/// the node's proxy acked it (CNI ADD waits for that), i.e. its listeners are up.
+pub fn ambient_member(cluster: &Cluster, name: &str, sa: &str) -> Pod {
+    let mut pod = ambient_pod(NS, name);
+    pod["spec"]["serviceAccountName"] = json!(sa);
+    cluster.create(&pod);
+    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
+}
+
+/// An app in `pod` connects to `dst`.
+pub fn connect_from(pod: &Pod, dst: SocketAddr) -> TcpStream {
+    let ns = pod.netns.open().expect("open pod netns");
+    let stream = ns
+        .run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10)))
+        .expect("enter pod netns")
+        .unwrap_or_else(|e| panic!("connect to {dst}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(30))).expect("read timeout");
+    stream
+}
+
+/// An app socket of `pod` listening on `port`.
+pub fn listen_on(pod: &Pod, port: u16) -> TcpListener {
+    let ns = pod.netns.open().expect("open pod netns");
+    ns.run(|| TcpListener::bind(("0.0.0.0", port))).expect("enter pod netns").expect("bind the app's port")
 }
 
 /// A node with the agent and the proxy running, and ambient pods A (service account a-sa) and B (b-sa) listed in
@@ -58,15 +106,7 @@ impl Scene {
         cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
         let agent = NodeAgent::start(&cluster, &[]);
         let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), env);
-        let mut pods = Vec::new();
-        for (name, sa) in [("a", "a-sa"), ("b", "b-sa")] {
-            let mut pod = ambient_pod(NS, name);
-            pod["spec"]["serviceAccountName"] = json!(sa);
-            cluster.create(&pod);
-            // ADD returns only after the proxy acked the pod, i.e. its listeners are up.
-            pods.push(cluster.node.try_add_pod_with(ambient_conflist(&cluster), name, NS).expect("CNI ADD"));
-        }
-        let (b, a) = (pods.pop().unwrap(), pods.pop().unwrap());
+        let (a, b) = (ambient_member(&cluster, "a", "a-sa"), ambient_member(&cluster, "b", "b-sa"));
         let scene = Scene { proxy, cluster, agent, dir, a, b };
         scene.list_b_as(b_listed_sa);
         scene
@@ -79,33 +119,20 @@ impl Scene {
 
     /// Rewrites the local workloads file with B under service account `sa` and waits for the proxy to reload it.
     pub fn list_b_as(&self, sa: &str) {
-        let listing = json!({ "workloads": [
-            workload(&self.cluster, "a", "a-sa", self.a.ip.into()),
-            workload(&self.cluster, "b", sa, self.b.ip.into()),
-        ]});
-        let loaded = "workload directory updated source=\"local-file\" addresses=2";
-        let before = self.proxy.log().matches(loaded).count();
-        std::fs::write(self.workloads(), serde_yaml::to_string(&listing).expect("yaml")).expect("write workloads");
-        eventually("the proxy reloaded the workloads file", || {
-            (self.proxy.log().matches(loaded).count() > before).then_some(())
-        });
+        let listing = vec![
+            workload(&self.cluster, "a", "a-sa", self.a.ip.into(), "node-1"),
+            workload(&self.cluster, "b", sa, self.b.ip.into(), "node-1"),
+        ];
+        write_workloads(&self.proxy, &self.workloads(), listing);
     }
 
     /// A's app connects to B:8080 (captured by A's proxy).
     pub fn a_connects_to_b(&self) -> TcpStream {
-        let a_ns = self.a.netns.open().expect("open pod A netns");
-        let dst = SocketAddr::from((self.b.ip, APP_PORT));
-        let stream = a_ns
-            .run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10)))
-            .expect("enter pod A netns")
-            .expect("A connects to B:8080");
-        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("read timeout");
-        stream
+        connect_from(&self.a, SocketAddr::from((self.b.ip, APP_PORT)))
     }
 
     /// B's app socket on 8080.
     pub fn b_listener(&self) -> TcpListener {
-        let ns = self.b.netns.open().expect("open pod B netns");
-        ns.run(|| TcpListener::bind(("0.0.0.0", APP_PORT))).expect("enter pod B netns").expect("bind B's app")
+        listen_on(&self.b, APP_PORT)
     }
 }
