@@ -4,13 +4,26 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use daemon::common_args::CommonArgs;
 
 /// Readiness port of Istio's proxies (`/healthz/ready`).
 pub const READINESS_PORT: &str = "15021";
 /// Metrics port of Istio's proxies (`/metrics`).
 pub const METRICS_PORT: &str = "15020";
+
+/// Port of Istio's proxy admin endpoint (`/config_dump`), served on 127.0.0.1 only.
+pub const ADMIN_PORT: &str = "15000";
+
+/// Whether pods accept plaintext inbound traffic, as the `mtls.mode` of a mesh-wide Istio PeerAuthentication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "UPPERCASE")]
+pub enum MtlsMode {
+    /// Plaintext captured on 15006 is forwarded to the app (Istio's default).
+    Permissive,
+    /// Plaintext captured on 15006 is refused: only HBONE reaches the apps.
+    Strict,
+}
 
 /// Everything the proxy is told at startup.
 #[derive(Debug, Clone, Parser)]
@@ -41,6 +54,15 @@ pub struct Config {
     /// nameservers of the host's /etc/resolv.conf, read at startup.
     #[arg(long, env = "DNS_UPSTREAMS", value_delimiter = ',', value_parser = crate::dns::parse_upstream)]
     pub dns_upstreams: Vec<SocketAddr>,
+    /// Lifetime of the workload certificates the proxy mints (a Go duration); each is replaced at half life.
+    #[arg(long, env = "SECRET_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub secret_ttl: Duration,
+    /// `PERMISSIVE` forwards plaintext inbound connections (captured on 15006) to the apps; `STRICT` refuses them.
+    #[arg(long, env = "MTLS_MODE", value_enum, default_value = "PERMISSIVE", ignore_case = true)]
+    pub mtls_mode: MtlsMode,
+    /// Port of the admin endpoint (`/config_dump`) on 127.0.0.1.
+    #[arg(long, env = "ADMIN_PORT", default_value = ADMIN_PORT)]
+    pub admin_port: u16,
     /// Probe ports and logging, with Istio's proxy ports as defaults.
     #[command(flatten)]
     pub common: CommonArgs,

@@ -11,6 +11,7 @@ use http::StatusCode;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::config::MtlsMode;
 use crate::metrics::Direction;
 use crate::pod::PodContext;
 use crate::sockets;
@@ -45,7 +46,7 @@ impl ConnectHandler for ToApp {
             src.addr = %req.peer,
             src.identity = %req.peer_identity,
             dst.addr = %req.authority,
-            dst.identity = %self.pod.cert.identity(),
+            dst.identity = %self.pod.cert().identity(),
             bytes_sent = transfer.from_target,
             bytes_received = transfer.to_target,
             duration_ms = transfer.duration.as_millis() as u64,
@@ -57,6 +58,8 @@ impl ConnectHandler for ToApp {
 
 /// Serves one connection accepted on 15008 until it ends or the pod proxy stops (then it drains).
 pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut stop: watch::Receiver<()>) {
+    // HTTP/2 frames are written as they are ready; Nagle would hold back the small ones (WINDOW_UPDATE, PING).
+    let _ = tcp.set_nodelay(true);
     let accepted = match tls.accept(tcp).await {
         Ok(accepted) => accepted,
         Err(error) => {
@@ -80,7 +83,8 @@ pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut st
     }
 }
 
-/// Forwards one connection captured on 15006 to its original destination in the pod.
+/// Forwards one connection captured on 15006 to its original destination in the pod; in `MTLS_MODE=STRICT`
+/// resets it instead, so only HBONE reaches the apps.
 pub async fn plaintext(pod: Arc<PodContext>, mut client: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
     let dst = match sockets::original_dst(&client) {
@@ -90,6 +94,20 @@ pub async fn plaintext(pod: Arc<PodContext>, mut client: TcpStream, peer: Socket
             return;
         }
     };
+    if pod.mesh.mtls_mode == MtlsMode::Strict {
+        sockets::reset(client);
+        tracing::info!(
+            target: "access",
+            direction = "inbound",
+            protocol = "TCP",
+            src.addr = %peer,
+            dst.addr = %dst,
+            dst.identity = %pod.cert().identity(),
+            error = "plaintext refused: MTLS_MODE=STRICT",
+            "connection complete"
+        );
+        return;
+    }
     let metrics = &pod.mesh.metrics;
     metrics.opened(Direction::Inbound, "TCP");
     let result = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
@@ -104,7 +122,7 @@ pub async fn plaintext(pod: Arc<PodContext>, mut client: TcpStream, peer: Socket
         protocol = "TCP",
         src.addr = %peer,
         dst.addr = %dst,
-        dst.identity = %pod.cert.identity(),
+        dst.identity = %pod.cert().identity(),
         bytes_sent = sent,
         bytes_received = received,
         duration_ms = started.elapsed().as_millis() as u64,

@@ -1,6 +1,7 @@
 //! `hbone-proxy`: the bundled HBONE node proxy. Takes each enrolled pod's netns from the node agent over
 //! ZDS, listens inside the pod (15001, 15006, 15008, DNS on 15053) and carries mesh traffic over HBONE.
 
+mod admin;
 mod config;
 mod directory;
 mod dns;
@@ -41,7 +42,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let ca = match &config.ca_dir {
         Some(dir) => MeshCa::load(dir).context("loading the mesh CA")?,
         None => MeshCa::load_or_create(&config.state_dir, &config.trust_domain).context("self-signed mesh CA")?,
-    };
+    }
+    .with_leaf_lifetime(config.secret_ttl);
     let tls = MeshTls::new(&config.trust_domain, ca.roots()).context("mesh TLS policy")?;
     let directory = Directory::new(&config.trust_domain);
     // Kept alive for the life of the process: dropping it stops the reloads.
@@ -64,10 +66,24 @@ async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(upstreams = ?dns.addrs(), "DNS forwarder upstreams");
     let (drain, watcher) = Drain::new();
     let deadline = config.termination_deadline;
-    let mesh = Arc::new(Mesh { ca, tls, directory, dns, metrics, drain: watcher, termination_deadline: deadline });
+    let mesh = Arc::new(Mesh {
+        ca,
+        tls,
+        directory,
+        dns,
+        metrics,
+        drain: watcher,
+        termination_deadline: deadline,
+        mtls_mode: config.mtls_mode,
+    });
+    tracing::info!(mode = ?config.mtls_mode, secret_ttl = ?config.secret_ttl, "mesh policy");
+    let workloads = Workloads::new(mesh, probes);
+    admin::serve(config.admin_port, workloads.clone())
+        .await
+        .with_context(|| format!("binding the admin port 127.0.0.1:{}", config.admin_port))?;
     let shutdown = daemon::signals::shutdown_signal()?;
     tokio::select! {
-        () = Workloads::new(mesh, probes).run(&config.inpod_uds) => {}
+        () = workloads.run(&config.inpod_uds) => {}
         signal = shutdown => tracing::info!(?signal, ?deadline, "shutting down: draining connections"),
     }
     // Dropping the workloads closed every listener and sent GOAWAY on the inbound HBONE connections; open

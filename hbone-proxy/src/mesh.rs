@@ -6,6 +6,7 @@ use std::time::Duration;
 use daemon::drain::DrainWatcher;
 use hbone::{MeshCa, MeshTls};
 
+use crate::config::MtlsMode;
 use crate::directory::Directory;
 use crate::dns::Upstreams;
 use crate::metrics::Metrics;
@@ -29,6 +30,8 @@ pub struct Mesh {
     /// How long open connections may take to finish once the pod or the proxy is stopping
     /// (`CONNECTION_TERMINATION_DEADLINE`).
     pub termination_deadline: Duration,
+    /// Whether plaintext inbound connections reach the apps (`MTLS_MODE`).
+    pub mtls_mode: MtlsMode,
 }
 
 impl Mesh {

@@ -4,6 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// Which way a connection went, seen from the pod the proxy serves.
@@ -34,7 +35,7 @@ pub struct ConnectionLabels {
 }
 
 /// Every metric the proxy exports.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// Bytes sent to the client side of a connection (Istio's `istio_tcp_sent_bytes`).
     pub sent_bytes: Family<ConnectionLabels, Counter>,
@@ -46,8 +47,25 @@ pub struct Metrics {
     pub connections_closed: Family<ConnectionLabels, Counter>,
     /// Pods with running in-pod listeners.
     pub active_proxies: Gauge,
-    /// Pods whose listeners failed to start.
+    /// Pods whose listeners failed to start (retried every 5 s).
     pub pending_proxies: Gauge,
+    /// How long each new outbound HBONE connection took to establish (TCP, TLS and HTTP/2 handshakes).
+    pub hbone_connect_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            sent_bytes: Family::default(),
+            received_bytes: Family::default(),
+            connections_opened: Family::default(),
+            connections_closed: Family::default(),
+            active_proxies: Gauge::default(),
+            pending_proxies: Gauge::default(),
+            // 1 ms to about 16 s.
+            hbone_connect_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+        }
+    }
 }
 
 impl Metrics {
@@ -67,6 +85,11 @@ impl Metrics {
             "workload_manager_pending_proxy_count",
             "Pods whose proxy failed to start",
             m.pending_proxies.clone(),
+        );
+        registry.register(
+            "hbone_connect_duration_seconds",
+            "Time to establish an outbound HBONE connection (TCP, TLS and HTTP/2 handshakes)",
+            m.hbone_connect_seconds.clone(),
         );
         m
     }

@@ -36,7 +36,7 @@ pub async fn handle(pod: Arc<PodContext>, mut app: TcpStream, peer: SocketAddr) 
     let result = match destination {
         Some(d) => {
             let request = ConnectRequest {
-                src: pod.cert.clone(),
+                src: pod.cert(),
                 src_addr: peer,
                 dst: SocketAddr::new(dst.ip(), HBONE_PORT),
                 dst_identity: d.identity,
@@ -64,7 +64,7 @@ pub async fn handle(pod: Arc<PodContext>, mut app: TcpStream, peer: SocketAddr) 
         direction = "outbound",
         protocol,
         src.addr = %peer,
-        src.identity = %pod.cert.identity(),
+        src.identity = %pod.cert().identity(),
         dst.addr = %dst,
         dst.identity = %dst_identity,
         bytes_sent = to_app,

@@ -3,10 +3,12 @@
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
 
-use hbone::{Baggage, Identity, InboundTls, Pool, PoolConfig, ServerCerts, WorkloadCert};
+use hbone::{Baggage, ConnectObserver, Identity, InboundTls, Pool, PoolConfig, ServerCerts, WorkloadCert};
 use netns::Netns;
+use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -63,8 +65,8 @@ pub struct PodContext {
     pub uid: String,
     /// The pod's network namespace: upstream sockets are created there.
     pub netns: Arc<Netns>,
-    /// The pod's workload certificate.
-    pub cert: Arc<WorkloadCert>,
+    /// The pod's current workload certificate; replaced at half life (see [`rotate_certs`]).
+    cert: RwLock<Arc<WorkloadCert>>,
     /// HBONE connections from this pod (dialled from its netns).
     pub pool: Pool,
     /// Who the pod is, sent with each CONNECT.
@@ -73,11 +75,22 @@ pub struct PodContext {
     pub mesh: Arc<Mesh>,
 }
 
+impl PodContext {
+    /// The pod's current workload certificate: new connections present it, open ones keep the one they began with.
+    pub fn cert(&self) -> Arc<WorkloadCert> {
+        self.cert.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
 /// A running pod proxy. Dropping it closes the pod's listeners at once and asks open HBONE connections to
 /// drain (GOAWAY); plain connections already accepted finish on their own.
 #[derive(Debug)]
 pub struct PodProxy {
     netns_id: (u64, u64),
+    ctx: Arc<PodContext>,
+    name: String,
+    namespace: String,
+    ips: Vec<IpAddr>,
     _stop: watch::Sender<()>,
     _listeners: JoinSet<()>,
 }
@@ -85,7 +98,12 @@ pub struct PodProxy {
 impl PodProxy {
     /// Mints the pod's certificate and starts its listeners inside `netns`. Returns once all listeners are
     /// bound, so the caller can ack the agent.
-    pub fn start(mesh: &Arc<Mesh>, uid: &str, info: Option<&WorkloadInfo>, netns: Netns) -> Result<Self, StartError> {
+    pub fn start(
+        mesh: &Arc<Mesh>,
+        uid: &str,
+        info: Option<&WorkloadInfo>,
+        netns: Arc<Netns>,
+    ) -> Result<Self, StartError> {
         let info = info.ok_or_else(|| StartError::NoWorkloadInfo(uid.to_owned()))?;
         let service_account = if info.service_account.is_empty() { "default" } else { &info.service_account };
         let identity = Identity::new(mesh.trust_domain(), &info.namespace, service_account)
@@ -100,23 +118,32 @@ impl PodProxy {
         }
 
         let netns_id = netns.id();
-        let netns = Arc::new(netns);
         let dial_ns = netns.clone();
         let dialer: hbone::Dialer = Arc::new(move |dst| {
             let ns = dial_ns.clone();
             Box::pin(async move { sockets::connect_in(&ns, dst, None).await })
         });
-        let pool = Pool::with_dialer(mesh.tls.clone(), PoolConfig::default(), dialer);
+        let latency = mesh.metrics.hbone_connect_seconds.clone();
+        let observer = ConnectObserver(Arc::new(move |took: Duration| latency.observe(took.as_secs_f64())));
+        let pool_config = PoolConfig { on_connected: Some(observer), ..PoolConfig::default() };
+        let pool = Pool::with_dialer(mesh.tls.clone(), pool_config, dialer);
         let mut baggage = Baggage::namespace(&info.namespace);
         if !info.name.is_empty() {
             baggage.workload = Some(("pod".to_owned(), info.name.clone()));
         }
-        let ctx =
-            Arc::new(PodContext { uid: uid.to_owned(), netns: netns.clone(), cert, pool, baggage, mesh: mesh.clone() });
+        let ctx = Arc::new(PodContext {
+            uid: uid.to_owned(),
+            netns: netns.clone(),
+            cert: RwLock::new(cert),
+            pool,
+            baggage,
+            mesh: mesh.clone(),
+        });
 
         let (stop, _) = watch::channel(());
-        let inbound_tls = InboundTls::new(mesh.tls.clone(), certs);
+        let inbound_tls = InboundTls::new(mesh.tls.clone(), certs.clone());
         let mut listeners = JoinSet::new();
+        listeners.spawn(rotate_certs(ctx.clone(), identity.clone(), certs.clone(), ips.clone()));
         for addr in any_addrs(&ips) {
             let bind = |port| {
                 let addr = SocketAddr::new(addr, port);
@@ -144,13 +171,74 @@ impl PodProxy {
             listeners.spawn(dns::serve_udp(forwarder.clone(), udp));
         }
         tracing::info!(uid, %identity, ?ips, "pod proxy started");
-        Ok(PodProxy { netns_id, _stop: stop, _listeners: listeners })
+        Ok(PodProxy {
+            netns_id,
+            ctx,
+            name: info.name.clone(),
+            namespace: info.namespace.clone(),
+            ips,
+            _stop: stop,
+            _listeners: listeners,
+        })
+    }
+
+    /// The pod as `/config_dump` shows it.
+    pub fn dump(&self, uid: &str) -> Value {
+        let cert = self.ctx.cert();
+        let (dev, ino) = self.netns_id;
+        json!({
+            "uid": uid,
+            "name": self.name,
+            "namespace": self.namespace,
+            "netns": { "dev": dev, "ino": ino },
+            "ips": self.ips,
+            "identity": cert.identity().to_string(),
+            "certificate": {
+                "issued_at": crate::admin::rfc3339(cert.issued_at()),
+                "expires_at": crate::admin::rfc3339(cert.expires_at()),
+                "expires_at_unix": unix_seconds(cert.expires_at()),
+            },
+        })
     }
 
     /// The (dev, ino) of the pod's netns: an Add with the same one is a no-op.
     pub fn netns_id(&self) -> (u64, u64) {
         self.netns_id
     }
+}
+
+/// How long to wait before trying again when minting a replacement certificate failed.
+const ROTATION_RETRY: Duration = Duration::from_secs(10);
+
+/// Replaces the pod's certificate at half its lifetime, for as long as the pod proxy runs: new handshakes (both
+/// as client and server) present the new one; established connections are left alone.
+async fn rotate_certs(ctx: Arc<PodContext>, identity: Identity, certs: ServerCerts, ips: Vec<IpAddr>) {
+    loop {
+        let current = ctx.cert();
+        let lifetime = current.expires_at().duration_since(current.issued_at()).unwrap_or_default();
+        let due = current.issued_at() + lifetime / 2;
+        tokio::time::sleep(due.duration_since(SystemTime::now()).unwrap_or_default()).await;
+        let rotated = ctx.mesh.ca.mint(&identity).map_err(|e| e.to_string()).and_then(|cert| {
+            for ip in &ips {
+                certs.set(*ip, &cert).map_err(|e| e.to_string())?;
+            }
+            Ok(cert)
+        });
+        match rotated {
+            Ok(cert) => {
+                tracing::info!(uid = ctx.uid, %identity, expires_at = %crate::admin::rfc3339(cert.expires_at()), "workload certificate rotated");
+                *ctx.cert.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(cert);
+            }
+            Err(error) => {
+                tracing::warn!(uid = ctx.uid, %error, retry_in = ?ROTATION_RETRY, "workload certificate rotation failed");
+                tokio::time::sleep(ROTATION_RETRY).await;
+            }
+        }
+    }
+}
+
+fn unix_seconds(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
 }
 
 /// The wildcard addresses to listen on: IPv4 always, IPv6 when the pod has an IPv6 address.

@@ -121,3 +121,9 @@ pub fn pod_ips(ns: &Netns) -> io::Result<Vec<IpAddr>> {
     })
     .map_err(netns_err)?
 }
+
+/// Closes `stream` with a TCP reset (linger 0), so the client sees its connection refused rather than a clean end.
+pub fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}

@@ -1,15 +1,19 @@
 //! The ZDS client loop: keeps a connection to the node agent, starts and stops pod proxies as it is told,
-//! and reconciles after each snapshot. Pod proxies keep running while the agent is away.
+//! and reconciles after each snapshot. Pod proxies keep running while the agent is away. A pod whose proxy
+//! failed to start is acked with the error, counted as pending and retried every [`RETRY_INTERVAL`]; the proxy
+//! is ready once the first snapshot is applied and nothing is pending.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use daemon::probes::ProbeState;
 use netns::Netns;
+use serde_json::{json, Value};
 use zds::messages::workload_request::Payload;
+use zds::messages::WorkloadInfo;
 use zds::{ZdsClient, ZdsError};
 
 use crate::mesh::Mesh;
@@ -19,26 +23,51 @@ use crate::pod::PodProxy;
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest reconnect delay.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often pods whose proxy failed to start are tried again.
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The running pod proxies by pod uid, and the ZDS session state around them.
+/// A pod the agent sent whose proxy could not start yet.
 #[derive(Debug)]
+struct Pending {
+    info: Option<WorkloadInfo>,
+    netns: Arc<Netns>,
+    error: String,
+}
+
+/// The running and pending pod proxies by pod uid, and the ZDS session state around them.
+#[derive(Debug, Default)]
+struct State {
+    pods: HashMap<String, PodProxy>,
+    pending: HashMap<String, Pending>,
+    /// Uids seen since the connection started, until `SnapshotSent` ends the snapshot.
+    snapshot: Option<HashSet<String>>,
+    /// Whether a snapshot has been applied since the process started.
+    synced: bool,
+}
+
+/// The ZDS client and the pod proxies it manages. Cheap to clone; clones share the state.
+#[derive(Debug, Clone)]
 pub struct Workloads {
     mesh: Arc<Mesh>,
     probes: ProbeState,
-    pods: HashMap<String, PodProxy>,
-    /// Uids seen since the connection started, until `SnapshotSent` ends the snapshot.
-    snapshot: Option<HashSet<String>>,
+    state: Arc<Mutex<State>>,
 }
 
 impl Workloads {
     /// No pods yet; not ready until the first snapshot has been applied.
     pub fn new(mesh: Arc<Mesh>, probes: ProbeState) -> Self {
         probes.set_not_ready("waiting for the node agent's snapshot");
-        Workloads { mesh, probes, pods: HashMap::new(), snapshot: None }
+        Workloads { mesh, probes, state: Arc::default() }
     }
 
-    /// Connects to `uds` forever, reconnecting with backoff whenever the agent goes away.
-    pub async fn run(mut self, uds: &Path) {
+    /// Connects to `uds` forever, reconnecting with backoff whenever the agent goes away; retries pending pods
+    /// every [`RETRY_INTERVAL`] meanwhile.
+    pub async fn run(self, uds: &Path) {
+        // One future for both, so dropping it (on SIGTERM) drops every pod proxy at once.
+        tokio::join!(self.retry_pending(), self.connect(uds));
+    }
+
+    async fn connect(&self, uds: &Path) {
         let mut backoff = MIN_BACKOFF;
         loop {
             match ZdsClient::connect(uds).await {
@@ -46,7 +75,8 @@ impl Workloads {
                     tracing::info!(socket = %uds.display(), "connected to the node agent");
                     backoff = MIN_BACKOFF;
                     let error = self.session(&client).await;
-                    tracing::warn!(%error, running = self.pods.len(), "ZDS connection lost; pod proxies keep running");
+                    let running = self.lock().pods.len();
+                    tracing::warn!(%error, running, "ZDS connection lost; pod proxies keep running");
                 }
                 Err(error) => tracing::info!(socket = %uds.display(), %error, ?backoff, "cannot reach the node agent"),
             }
@@ -55,9 +85,35 @@ impl Workloads {
         }
     }
 
+    /// What `/config_dump` shows: every running pod (uid, name, namespace, netns, identity, certificate expiry)
+    /// and every pending one with its last error.
+    pub fn dump(&self) -> Value {
+        let state = self.lock();
+        let mut pods: Vec<Value> = state.pods.iter().map(|(uid, pod)| pod.dump(uid)).collect();
+        pods.sort_by(|a, b| a["uid"].as_str().cmp(&b["uid"].as_str()));
+        let mut pending: Vec<Value> = state
+            .pending
+            .iter()
+            .map(|(uid, p)| {
+                let info = p.info.clone().unwrap_or_default();
+                let (dev, ino) = p.netns.id();
+                json!({
+                    "uid": uid, "name": info.name, "namespace": info.namespace,
+                    "netns": { "dev": dev, "ino": ino }, "error": p.error,
+                })
+            })
+            .collect();
+        pending.sort_by(|a, b| a["uid"].as_str().cmp(&b["uid"].as_str()));
+        json!({ "trust_domain": self.mesh.trust_domain(), "pods": pods, "pending": pending, "synced": state.synced })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Answers requests until the connection fails.
-    async fn session(&mut self, client: &ZdsClient) -> ZdsError {
-        self.snapshot = Some(HashSet::new());
+    async fn session(&self, client: &ZdsClient) -> ZdsError {
+        self.lock().snapshot = Some(HashSet::new());
         loop {
             let (request, fds) = match client.recv().await {
                 Ok(received) => received,
@@ -73,49 +129,110 @@ impl Workloads {
         }
     }
 
-    fn apply(&mut self, payload: Option<Payload>, mut fds: Vec<OwnedFd>) -> Result<(), String> {
-        match payload {
+    fn apply(&self, payload: Option<Payload>, mut fds: Vec<OwnedFd>) -> Result<(), String> {
+        let mut state = self.lock();
+        let result = match payload {
             Some(Payload::Add(add)) => {
-                self.seen(&add.uid);
+                state.seen(&add.uid);
                 if fds.len() != 1 {
                     return Err(format!("AddWorkload {} carried {} fds, expected the pod netns", add.uid, fds.len()));
                 }
                 let netns = Netns::from_fd(fds.remove(0), format!("netns of pod {}", add.uid))
                     .map_err(|e| format!("pod {}: {e}", add.uid))?;
-                if self.pods.get(&add.uid).is_some_and(|p| p.netns_id() == netns.id()) {
+                if state.pods.get(&add.uid).is_some_and(|p| p.netns_id() == netns.id()) {
                     tracing::debug!(uid = add.uid, "pod already running in this netns");
                     return Ok(());
                 }
-                let proxy = PodProxy::start(&self.mesh, &add.uid, add.workload_info.as_ref(), netns)
-                    .map_err(|e| e.to_string())?;
-                if self.pods.insert(add.uid.clone(), proxy).is_some() {
-                    tracing::info!(uid = add.uid, "pod netns changed: replaced its proxy");
-                }
+                state.pending.remove(&add.uid);
+                self.start(&mut state, &add.uid, add.workload_info, Arc::new(netns))
             }
-            Some(Payload::Keep(keep)) => self.seen(&keep.uid),
+            Some(Payload::Keep(keep)) => {
+                state.seen(&keep.uid);
+                Ok(())
+            }
             Some(Payload::Del(del)) => {
-                if self.pods.remove(&del.uid).is_some() {
+                if state.pods.remove(&del.uid).is_some() {
                     tracing::info!(uid = del.uid, "pod proxy stopped");
                 }
+                if state.pending.remove(&del.uid).is_some() {
+                    tracing::info!(uid = del.uid, "pending pod deleted: no more retries");
+                }
+                Ok(())
             }
             Some(Payload::SnapshotSent(_)) => {
-                if let Some(seen) = self.snapshot.take() {
-                    self.pods.retain(|uid, _| {
+                if let Some(seen) = state.snapshot.take() {
+                    state.pods.retain(|uid, _| {
                         let keep = seen.contains(uid);
                         if !keep {
                             tracing::info!(uid, "pod absent from the snapshot: proxy stopped");
                         }
                         keep
                     });
+                    state.pending.retain(|uid, _| seen.contains(uid));
                 }
-                self.probes.set_ready();
+                state.synced = true;
+                Ok(())
             }
-            None => return Err("request without payload".to_owned()),
-        }
-        self.mesh.metrics.active_proxies.set(self.pods.len() as i64);
-        Ok(())
+            None => Err("request without payload".to_owned()),
+        };
+        self.publish(&state);
+        result
     }
 
+    /// Starts `uid`'s proxy; on failure keeps it as pending (retried later) and returns the error for the ack.
+    fn start(&self, state: &mut State, uid: &str, info: Option<WorkloadInfo>, netns: Arc<Netns>) -> Result<(), String> {
+        match PodProxy::start(&self.mesh, uid, info.as_ref(), netns.clone()) {
+            Ok(proxy) => {
+                if state.pods.insert(uid.to_owned(), proxy).is_some() {
+                    tracing::info!(uid, "pod netns changed: replaced its proxy");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let error = e.to_string();
+                tracing::warn!(uid, %error, retry_in = ?RETRY_INTERVAL, "pod proxy failed to start");
+                state.pods.remove(uid);
+                state.pending.insert(uid.to_owned(), Pending { info, netns, error: error.clone() });
+                Err(error)
+            }
+        }
+    }
+
+    /// Every [`RETRY_INTERVAL`], tries to start the pending pods again.
+    async fn retry_pending(&self) {
+        let mut tick = tokio::time::interval(RETRY_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let mut state = self.lock();
+            let pending: Vec<(String, Pending)> = state.pending.drain().collect();
+            for (uid, pod) in pending {
+                tracing::info!(uid, "retrying the pod proxy start");
+                if self.start(&mut state, &uid, pod.info, pod.netns).is_ok() {
+                    tracing::info!(uid, "pod proxy started on retry");
+                }
+            }
+            self.publish(&state);
+        }
+    }
+
+    /// Updates the proxy counts and readiness: ready once synced with nothing pending.
+    fn publish(&self, state: &State) {
+        let metrics = &self.mesh.metrics;
+        metrics.active_proxies.set(state.pods.len() as i64);
+        metrics.pending_proxies.set(state.pending.len() as i64);
+        if !state.synced {
+            self.probes.set_not_ready("waiting for the node agent's snapshot");
+        } else if !state.pending.is_empty() {
+            self.probes.set_not_ready(format!("{} pod proxies failed to start; retrying", state.pending.len()));
+        } else {
+            self.probes.set_ready();
+        }
+    }
+}
+
+impl State {
     fn seen(&mut self, uid: &str) {
         if let Some(seen) = &mut self.snapshot {
             seen.insert(uid.to_owned());

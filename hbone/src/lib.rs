@@ -18,7 +18,7 @@ pub use ca::{CaError, MeshCa, WorkloadCert};
 pub use headers::Baggage;
 pub use identity::{Identity, IdentityError};
 pub use keepalive::Keepalive;
-pub use pool::{ConnectError, ConnectRequest, Dialer, Pool, PoolConfig};
+pub use pool::{ConnectError, ConnectObserver, ConnectRequest, Dialer, Pool, PoolConfig};
 pub use server::{serve, ConnectHandler, InboundRequest, ServeError, ServeOptions, Transfer};
 pub use stream::H2Stream;
 pub use tls::{Accepted, InboundTls, MeshTls, ServerCerts, TlsError};

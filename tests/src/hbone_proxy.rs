@@ -26,6 +26,18 @@ impl Proxy {
     /// Starts the proxy with the agent's ZDS socket, a state dir and local workloads file under `dir`, plus
     /// `env`; returns once it answers `/healthz/ready` with 200.
     pub fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path, env: &[(&str, &str)]) -> Self {
+        let mut proxy = Self::spawn(cluster, agent, dir, workloads, env);
+        let netns = cluster.node.netns().path();
+        eventually("hbone-proxy answers /healthz/ready with 200", || {
+            proxy.assert_running();
+            let ready = crate::http::get(&netns, READY_PORT, "/healthz/ready").map(|(status, _)| status);
+            (ready == Ok(200)).then_some(())
+        });
+        proxy
+    }
+
+    /// Like [`Proxy::start`] but returns once it serves `/metrics`, ready or not (for tests of readiness).
+    pub fn spawn(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path, env: &[(&str, &str)]) -> Self {
         let log =
             (0..).map(|n| dir.join(format!("hbone-proxy-{n}.log"))).find(|p| !p.exists()).expect("a free log name");
         let mut cmd = Command::new(bins::path("hbone-proxy"));
@@ -43,14 +55,18 @@ impl Proxy {
         let child = node.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
         let mut proxy = Proxy { child, log };
         let netns = cluster.node.netns().path();
-        eventually("hbone-proxy answers /healthz/ready with 200", || {
-            if let Ok(Some(status)) = proxy.child.try_wait() {
-                panic!("hbone-proxy exited with {status}; log:\n{}", proxy.log());
-            }
-            let ready = crate::http::get(&netns, READY_PORT, "/healthz/ready").map(|(status, _)| status);
-            (ready == Ok(200)).then_some(())
+        eventually("hbone-proxy serves /metrics", || {
+            proxy.assert_running();
+            crate::http::get(&netns, METRICS_PORT, "/metrics").ok().map(|_| ())
         });
         proxy
+    }
+
+    /// Panics with the log if the proxy exited.
+    fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("hbone-proxy exited with {status}; log:\n{}", self.log());
+        }
     }
 
     /// The process id, so a caller can tell whether it is still running.

@@ -93,7 +93,7 @@ fn workload(pod: &Pod) -> Option<(String, Workload)> {
         service_account: spec
             .and_then(|s| s.service_account_name.clone())
             .filter(|sa| !sa.is_empty())
-            .unwrap_or_else(super::default_service_account),
+            .unwrap_or_else(|| "default".to_owned()),
         trust_domain: String::new(),
         workload_ips,
         protocol: Protocol::Hbone,

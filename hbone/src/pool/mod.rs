@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method, Request, StatusCode};
 use tokio::net::TcpStream;
@@ -38,6 +38,18 @@ pub struct PoolConfig {
     pub connect_timeout: Duration,
     /// PING keepalive on every connection.
     pub keepalive: Keepalive,
+    /// Told how long each new connection took to dial (TCP, TLS and HTTP/2 handshakes), for latency metrics.
+    pub on_connected: Option<ConnectObserver>,
+}
+
+/// A callback the pool calls with the dial time of every connection it establishes.
+#[derive(Clone)]
+pub struct ConnectObserver(pub Arc<dyn Fn(Duration) + Send + Sync>);
+
+impl std::fmt::Debug for ConnectObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectObserver")
+    }
 }
 
 impl Default for PoolConfig {
@@ -48,6 +60,7 @@ impl Default for PoolConfig {
             idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
             keepalive: Keepalive::default(),
+            on_connected: None,
         }
     }
 }
@@ -243,6 +256,7 @@ impl Pool {
     }
 
     async fn dial(&self, key: &PoolKey, src: &WorkloadCert) -> Result<Arc<Conn>, ConnectError> {
+        let started = Instant::now();
         let tcp = match &self.inner.dialer {
             Some(dialer) => dialer(key.dst).await,
             None => TcpStream::connect(key.dst).await,
@@ -259,7 +273,11 @@ impl Pool {
             active,
             closed: AtomicBool::new(false),
         });
-        tracing::debug!(dst = %key.dst, identity = %key.dst_identity, id = conn.id, "HBONE connection established");
+        let took = started.elapsed();
+        tracing::debug!(dst = %key.dst, identity = %key.dst_identity, id = conn.id, ?took, "HBONE connection established");
+        if let Some(ConnectObserver(observe)) = &self.inner.config.on_connected {
+            observe(took);
+        }
         // Pooled before its driver starts, so the driver's removal can never precede the insertion.
         self.conns().entry(key.clone()).or_default().push(conn.clone());
         let driver = Driver { conns: Arc::downgrade(&self.inner.conns), key: key.clone(), conn: conn.clone() };

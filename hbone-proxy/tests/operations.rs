@@ -1,0 +1,183 @@
+//! Operating the real `hbone-proxy` (real node agent, pods through the fake CNI runtime): a pod whose proxy
+//! cannot start is retried every 5 s and keeps the proxy unready (pending gauge on 15020), `/config_dump` on
+//! 127.0.0.1:15000 shows the pods, identities and certificate expiry, the HBONE connect-latency histogram counts
+//! new connections, and leaf certificates rotate at half life without dropping connections.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use tests::node_agent::{netns_id, uid};
+use tests::wait::eventually;
+use tests::Pod;
+
+mod support;
+use support::traffic::Payload;
+use support::{
+    ambient_member, connect_from, http_get, listen_on, listening, metric, workload, write_workloads, Proxy, Scene,
+    APP_PORT, NS,
+};
+
+/// Where the proxy serves `/healthz/ready`, inside the node netns.
+const READY_PORT: u16 = 15021;
+/// Where the proxy serves `/config_dump`, on the node's loopback.
+const ADMIN_PORT: u16 = 15000;
+/// How often the proxy retries a pod that failed to start.
+const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+
+fn scene(env: &[(&str, &str)]) -> Scene {
+    Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", env)
+}
+
+/// The proxy's `/config_dump`, parsed.
+fn config_dump(scene: &Scene) -> Value {
+    let (status, body) = http_get(&scene.cluster.node.netns().path(), ADMIN_PORT, "/config_dump").expect("GET");
+    assert_eq!(status, 200, "/config_dump answers: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/config_dump is not JSON ({e}): {body}"))
+}
+
+/// The dump's entry for pod `name`.
+fn dumped_pod(dump: &Value, name: &str) -> Value {
+    let pods = dump["pods"].as_array().expect("pods list");
+    pods.iter().find(|p| p["name"] == name).cloned().unwrap_or_else(|| panic!("pod {name} in {dump}"))
+}
+
+fn expiry(scene: &Scene, name: &str) -> u64 {
+    dumped_pod(&config_dump(scene), name)["certificate"]["expires_at_unix"].as_u64().expect("expiry")
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs()
+}
+
+fn readiness(scene: &Scene) -> Option<(u16, String)> {
+    http_get(&scene.cluster.node.netns().path(), READY_PORT, "/healthz/ready")
+}
+
+/// A 1 MiB exchange each way between an app in `client` and a fresh listener of `server` on 8080.
+fn exchange(client: &Pod, server: &Pod) -> SocketAddr {
+    let dst = SocketAddr::from((server.ip, APP_PORT));
+    let data = (Payload::new(1, 1 << 20), Payload::new(2, 1 << 20));
+    support::traffic::transfer(listen_on(server, APP_PORT), || connect_from(client, dst), data.0, data.1)
+}
+
+/// Echoes `msg` over `stream` and checks it comes back.
+fn echo(stream: &mut TcpStream, msg: &[u8]) {
+    stream.write_all(msg).expect("write to the tunnel");
+    let mut back = vec![0; msg.len()];
+    stream.read_exact(&mut back).expect("read the echo");
+    assert_eq!(back, msg);
+}
+
+/// An echo server for one connection on `listener`.
+fn echo_one(listener: TcpListener) {
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else { return };
+        let mut reader = stream.try_clone().expect("clone socket");
+        let _ = std::io::copy(&mut reader, &mut stream);
+        let _ = stream.shutdown(Shutdown::Write);
+    });
+}
+
+#[test]
+fn a_pod_whose_proxy_cannot_start_is_retried_every_5s_and_keeps_the_proxy_unready() {
+    let mut scene = scene(&[]);
+    let netns = scene.cluster.node.netns().path();
+    scene.proxy.stop();
+    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15008)).then_some(()));
+    // Another process holds B's 15006 without SO_REUSEPORT: B's proxy cannot bind its listeners.
+    let blocker = listen_on(&scene.b, 15006);
+    scene.proxy = Proxy::spawn(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
+    let pending = "workload_manager_pending_proxy_count";
+    eventually("B counted as pending", || (metric(&netns, pending)? == 1.0).then_some(()));
+    let (status, reason) = readiness(&scene).expect("GET /healthz/ready");
+    assert_eq!(status, 503, "not ready while a pod is pending: {reason}");
+    assert!(reason.contains("failed to start"), "the readiness reason says why: {reason}");
+    assert!(listening(&scene.a.netns, 15008), "A's proxy started regardless");
+    let b_uid = uid(&scene.cluster, NS, "b");
+    let dump = config_dump(&scene);
+    assert!(dump["pending"][0]["uid"] == b_uid.as_str(), "/config_dump lists B as pending: {dump}");
+
+    // Retried, and still failing while the port is held.
+    let failed = format!("pod proxy failed to start uid=\"{b_uid}\"");
+    eventually("a retry that failed again", || (scene.proxy.log().matches(&failed).count() >= 2).then_some(()));
+    assert_eq!(readiness(&scene).map(|(s, _)| s), Some(503), "still not ready");
+
+    drop(blocker);
+    let freed = Instant::now();
+    eventually("B's proxy started on a retry and the proxy is ready", || {
+        let ready = readiness(&scene)?.0 == 200 && metric(&netns, pending)? == 0.0;
+        (ready && listening(&scene.b.netns, 15008)).then_some(())
+    });
+    let took = freed.elapsed();
+    assert!(took < RETRY_INTERVAL + Duration::from_millis(1500), "the retry came {took:?} after the port was freed");
+    assert!(scene.proxy.log().contains("pod proxy started on retry"), "the log tells");
+    let peer = exchange(&scene.a, &scene.b);
+    assert_eq!(peer.ip(), IpAddr::from(scene.a.ip), "A reaches B through B's restarted proxy");
+}
+
+#[test]
+fn config_dump_shows_pods_identities_and_certificate_expiry_and_the_connect_histogram_counts_connections() {
+    let scene = scene(&[]);
+    let netns = scene.cluster.node.netns().path();
+    let dump = config_dump(&scene);
+    assert_eq!(dump["pending"], serde_json::json!([]), "nothing pending: {dump}");
+    for (pod, name, sa) in [(&scene.a, "a", "a-sa"), (&scene.b, "b", "b-sa")] {
+        let entry = dumped_pod(&dump, name);
+        assert_eq!(entry["uid"], uid(&scene.cluster, NS, name).as_str());
+        assert_eq!(entry["namespace"], NS);
+        let (dev, ino) = netns_id(&pod.netns);
+        assert_eq!((entry["netns"]["dev"].as_u64(), entry["netns"]["ino"].as_u64()), (Some(dev), Some(ino)));
+        assert_eq!(entry["identity"], format!("spiffe://cluster.local/ns/{NS}/sa/{sa}").as_str());
+        assert_eq!(entry["ips"][0], pod.ip.to_string().as_str());
+        let expires = entry["certificate"]["expires_at_unix"].as_u64().expect("expiry");
+        let day = 24 * 3600;
+        assert!(expires.abs_diff(unix_now() + day) < 120, "a 24 h leaf by default: {entry}");
+        assert!(entry["certificate"]["expires_at"].as_str().is_some_and(|t| t.ends_with('Z')), "RFC 3339: {entry}");
+    }
+    // Bound to the node's loopback only: the node's own bridge address does not serve it.
+    let gateway = SocketAddr::from((scene.cluster.node.gateway(), ADMIN_PORT));
+    let node = scene.cluster.node.netns().open().expect("open node netns");
+    let refused = node.run(|| TcpStream::connect_timeout(&gateway, Duration::from_secs(2))).expect("enter node netns");
+    assert!(refused.is_err(), "the admin port answers on {gateway}");
+
+    let count = "hbone_connect_duration_seconds_count";
+    assert_eq!(metric(&netns, count), Some(0.0), "no HBONE connection yet");
+    exchange(&scene.a, &scene.b);
+    assert_eq!(metric(&netns, count), Some(1.0), "the first exchange dialled one HBONE connection");
+    assert!(metric(&netns, "hbone_connect_duration_seconds_sum").is_some_and(|s| s > 0.0), "its latency was observed");
+    exchange(&scene.a, &scene.b);
+    assert_eq!(metric(&netns, count), Some(1.0), "the second exchange reused the pooled connection");
+}
+
+#[test]
+fn leaf_certificates_rotate_at_half_life_without_dropping_open_connections() {
+    let scene = scene(&[("SECRET_TTL", "4s")]);
+    let c = ambient_member(&scene.cluster, "c", "c-sa");
+    let listing = vec![
+        workload(&scene.cluster, "a", "a-sa", scene.a.ip.into(), "node-1"),
+        workload(&scene.cluster, "b", "b-sa", scene.b.ip.into(), "node-1"),
+        workload(&scene.cluster, "c", "c-sa", c.ip.into(), "node-1"),
+    ];
+    write_workloads(&scene.proxy, &scene.workloads(), listing);
+    echo_one(scene.b_listener());
+    let mut open = scene.a_connects_to_b();
+    echo(&mut open, b"before any rotation");
+    let first: Vec<u64> = ["a", "b", "c"].iter().map(|name| expiry(&scene, name)).collect();
+    assert!(first.iter().all(|e| e.abs_diff(unix_now() + 4) <= 5), "SECRET_TTL sets the lifetime: {first:?}");
+
+    eventually("every pod's certificate was replaced by a later one", || {
+        let now: Vec<u64> = ["a", "b", "c"].iter().map(|name| expiry(&scene, name)).collect();
+        now.iter().zip(&first).all(|(now, first)| now > first).then_some(())
+    });
+    let all_expired = first.iter().max().copied().unwrap_or_default() + 1;
+    eventually("the first certificates have expired", || (unix_now() > all_expired).then_some(()));
+
+    echo(&mut open, b"after the certificate it began with expired");
+    // A fresh HBONE connection (A to C was never dialled) needs both current certificates to be valid: A's as a
+    // client and C's as a server.
+    let peer = exchange(&scene.a, &c);
+    assert_eq!(peer.ip(), IpAddr::from(scene.a.ip), "a new connection after the old leaves expired works");
+    assert!(scene.proxy.log().contains("workload certificate rotated"), "the log tells");
+}
