@@ -1,0 +1,131 @@
+//! Scenario 2, ambient pod enrollment: the whole path ADD → agent → netns → rules → ZDS Add and ack (the real
+//! proxy) → annotation, against the same chain without our plugin; plus the agent's own per-phase histogram.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use tests::mesh::RuleBackend;
+use tests::NetworkConfigList;
+
+use crate::attach::timed_add;
+use crate::report::Section;
+use crate::scene::{AmbientNode, NS};
+use crate::stats::{us, Summary};
+use crate::Counts;
+
+/// Phases of `nodeagent_enrollment_duration_seconds`, in path order.
+const PHASES: [&str; 4] = ["netns", "rules", "proxy_ack", "annotate"];
+
+/// Runs the scenario and returns its report section.
+pub fn run(counts: Counts) -> Section {
+    let mut body = String::new();
+    let _ = writeln!(
+        body,
+        "Timed per pod: (a) the runtime's ADD with our plugin, which returns once the agent has enrolled the pod \
+         (netns found, rules programmed, ZDS Add acked by the real hbone-proxy); (b) from the start of ADD until \
+         the `ambient.istio.io/redirection: enabled` annotation is visible in the API; (c) the same chain without \
+         our plugin. Warm-up {} pods, then {} timed pods, one after the other; each is deleted (CNI DEL and API \
+         delete) before the next.\n",
+        counts.warmup, counts.iterations
+    );
+    let _ = writeln!(body, "| backend | figure | median µs | p90 µs | p99 µs |\n|---|---|---:|---:|---:|");
+    let mut phases = String::new();
+    for backend in [RuleBackend::Nftables, RuleBackend::IptablesNft] {
+        let name = match backend {
+            RuleBackend::Nftables => "native nftables",
+            _ => "iptables-nft",
+        };
+        println!("ambient-enroll: {name}");
+        let node = AmbientNode::start(backend, None);
+        let without = NetworkConfigList::from_value(node.cluster.node.conflist(vec![])).expect("plain conflist");
+        let (mut add, mut enrolled, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..counts.warmup + counts.iterations {
+            let pod = format!("p{round}");
+            let (attached, through_annotation) = node.add_pod(&pod);
+            let add_took = attached.took;
+            node.remove_pod(&pod, attached);
+            let plain_took = timed_add(&node.cluster.node, &without, NS, &format!("plain{round}")).took;
+            if round >= counts.warmup {
+                add.push(add_took);
+                enrolled.push(through_annotation);
+                plain.push(plain_took);
+            }
+        }
+        for (figure, samples) in [
+            ("(a) ADD with istio-cni (returns after the proxy's ack)", &add),
+            ("(b) ADD start → annotation visible", &enrolled),
+            ("(c) ADD without istio-cni", &plain),
+        ] {
+            let _ = writeln!(body, "| {name} | {figure} | {} |", Summary::of(samples).us_cells());
+        }
+        let _ = writeln!(phases, "\nAgent histogram `nodeagent_enrollment_duration_seconds` ({name}, all pods):\n");
+        phases.push_str(&phase_table(&node.agent.metrics()));
+    }
+    body.push_str(&phases);
+    Section { name: "ambient-enroll", title: "Ambient pod enrollment".into(), body }
+}
+
+/// One phase's histogram, read from the agent's `/metrics`.
+#[derive(Default)]
+struct Phase {
+    count: f64,
+    sum: f64,
+    /// (upper bound, cumulative count), in exposition order (ascending).
+    buckets: Vec<(f64, f64)>,
+}
+
+impl Phase {
+    /// The upper bound of the bucket holding quantile `q` (what a Prometheus histogram can tell).
+    fn quantile_bound(&self, q: f64) -> Option<f64> {
+        self.buckets.iter().find(|(_, c)| *c >= q * self.count).map(|(le, _)| *le)
+    }
+}
+
+fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+    Some(&line[start..start + line[start..].find('"')?])
+}
+
+fn phase_table(metrics: &str) -> String {
+    const NAME: &str = "nodeagent_enrollment_duration_seconds";
+    let mut out = String::from("| phase | count | mean µs | p50 ≤ µs | p90 ≤ µs |\n|---|---:|---:|---:|---:|\n");
+    for phase in PHASES {
+        let mut p = Phase::default();
+        for line in metrics.lines().filter(|l| l.starts_with(NAME) && label(l, "phase") == Some(phase)) {
+            let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+            if line.starts_with(&format!("{NAME}_sum")) {
+                p.sum = value;
+            } else if line.starts_with(&format!("{NAME}_count")) {
+                p.count = value;
+            } else if let Some(le) = label(line, "le") {
+                p.buckets.push((le.parse().unwrap_or(f64::INFINITY), value));
+            }
+        }
+        let bound = |q| match p.quantile_bound(q) {
+            Some(s) if s.is_finite() => us(Duration::from_secs_f64(s)),
+            Some(_) => "+Inf".to_owned(),
+            None => "–".to_owned(),
+        };
+        let mean = if p.count > 0.0 { us(Duration::from_secs_f64(p.sum / p.count)) } else { "–".into() };
+        let _ = writeln!(out, "| {phase} | {} | {mean} | {} | {} |", p.count, bound(0.5), bound(0.9));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_phase_histograms_from_the_exposition() {
+        let text = "\
+nodeagent_enrollment_duration_seconds_sum{phase=\"rules\"} 0.004
+nodeagent_enrollment_duration_seconds_count{phase=\"rules\"} 4
+nodeagent_enrollment_duration_seconds_bucket{le=\"0.0005\",phase=\"rules\"} 1
+nodeagent_enrollment_duration_seconds_bucket{le=\"0.001\",phase=\"rules\"} 3
+nodeagent_enrollment_duration_seconds_bucket{le=\"+Inf\",phase=\"rules\"} 4
+";
+        let table = phase_table(text);
+        assert!(table.contains("| rules | 4 | 1000 | 1000 | +Inf |"), "{table}");
+    }
+}

@@ -1,0 +1,202 @@
+//! Scenarios 3 and 4, HBONE throughput and latency, pod to pod through the proxy (client pod's outbound on
+//! 15001 → HBONE over mTLS to the server pod's 15008 → the app), against direct TCP between two pods of the same
+//! node without enrollment. Istio's ztunnel is not measured: it cannot be fetched or built on this machine.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tests::hbone_proxy::METRICS_PORT;
+use tests::mesh::RuleBackend;
+use tests::NetworkConfigList;
+
+use crate::apps::{self, Mode, Server, ECHO_PORT, SINK_PORT};
+use crate::attach::{timed_add, Attached};
+use crate::report::Section;
+use crate::scene::{AmbientNode, NS};
+use crate::stats::{gbps, ratio, us, Summary};
+use crate::Counts;
+
+/// Bytes per throughput run, split over the streams.
+const TRANSFER_BYTES: u64 = 512 * 1024 * 1024;
+/// Size of a latency request and of its response.
+const MESSAGE: usize = 1024;
+/// The benchmark issue's target: a single HBONE stream at least this share of direct.
+const TARGET_SHARE: f64 = 0.5;
+
+/// Two enrolled pods (through the proxy) and two plain pods (direct), with a sink and an echo app on each
+/// server pod. Field order is drop order.
+struct Pods {
+    _apps: Vec<Server>,
+    mesh_client: Attached,
+    mesh_server: Attached,
+    plain_client: Attached,
+    plain_server: Attached,
+    node: AmbientNode,
+}
+
+impl Pods {
+    fn start() -> Pods {
+        let node = AmbientNode::start(RuleBackend::Nftables, None);
+        let (mesh_client, _) = node.add_pod("client");
+        let (mesh_server, _) = node.add_pod("server");
+        let plain = NetworkConfigList::from_value(node.cluster.node.conflist(vec![])).expect("plain conflist");
+        let plain_client = timed_add(&node.cluster.node, &plain, NS, "plain-client");
+        let plain_server = timed_add(&node.cluster.node, &plain, NS, "plain-server");
+        let mut apps = Vec::new();
+        for server in [&mesh_server, &plain_server] {
+            apps.push(Server::start(&server.netns, SINK_PORT, Mode::Sink));
+            apps.push(Server::start(&server.netns, ECHO_PORT, Mode::Echo));
+        }
+        let pods = Pods { _apps: apps, mesh_client, mesh_server, plain_client, plain_server, node };
+        pods.wait_for_hbone();
+        pods
+    }
+
+    /// Outbound HBONE connections the proxy has opened so far.
+    fn hbone_opened(&self) -> f64 {
+        let netns = self.node.cluster.node.netns().path();
+        let (_, body) = tests::http::get(&netns, METRICS_PORT, "/metrics").expect("proxy metrics");
+        body.lines()
+            .filter(|l| l.starts_with("istio_tcp_connections_opened_total{"))
+            .filter(|l| l.contains("direction=\"outbound\"") && l.contains("protocol=\"HBONE\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until a connection from the client pod to the server pod goes over HBONE, i.e. the proxy's
+    /// directory lists the server (until then it would be passthrough and the figures meaningless).
+    fn wait_for_hbone(&self) {
+        let start = Instant::now();
+        loop {
+            let before = self.hbone_opened();
+            apps::first_byte(&self.mesh_client.netns, self.mesh_addr(SINK_PORT));
+            if self.hbone_opened() > before {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "the proxy never sent client → server over HBONE");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn mesh_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::from((self.mesh_server.ip(), port))
+    }
+
+    fn plain_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::from((self.plain_server.ip(), port))
+    }
+}
+
+/// Scenario 3: Gb/s with 1 and 8 streams, HBONE vs direct, interleaved run by run.
+pub fn throughput(counts: Counts) -> Section {
+    let pods = Pods::start();
+    let mut body = String::new();
+    let _ = writeln!(
+        body,
+        "Timed: {} MiB per run, split evenly over the streams, from the first connect until every sink app \
+         acknowledged the end of its stream. Same node, native nftables rules. Warm-up {} runs, then {} timed runs \
+         per row, HBONE and direct interleaved. Istio's ztunnel is not measured (it cannot be fetched or built \
+         here).\n",
+        TRANSFER_BYTES >> 20,
+        counts.warmup,
+        counts.iterations
+    );
+    let _ = writeln!(
+        body,
+        "| streams | path | median Gb/s | p10 Gb/s | HBONE / direct (medians) |\n|---|---|---:|---:|---:|"
+    );
+    let mut verdict = String::new();
+    for streams in [1usize, 8] {
+        let per_stream = TRANSFER_BYTES / streams as u64;
+        let (mut mesh, mut direct) = (Vec::new(), Vec::new());
+        for round in 0..counts.warmup + counts.iterations {
+            let m = apps::transfer(&pods.mesh_client.netns, pods.mesh_addr(SINK_PORT), streams, per_stream);
+            let d = apps::transfer(&pods.plain_client.netns, pods.plain_addr(SINK_PORT), streams, per_stream);
+            if round >= counts.warmup {
+                mesh.push(m);
+                direct.push(d);
+            }
+        }
+        // Slowest time is the lowest rate: p90 of durations gives p10 of throughput.
+        let (m, d) = (Summary::of(&mesh), Summary::of(&direct));
+        let rate = |t: Duration| gbps(TRANSFER_BYTES, t);
+        let share = ratio(d.median, m.median);
+        let _ = writeln!(body, "| {streams} | HBONE | {:.2} | {:.2} | {share:.2} |", rate(m.median), rate(m.p90));
+        let _ = writeln!(body, "| {streams} | direct | {:.2} | {:.2} | 1.00 |", rate(d.median), rate(d.p90));
+        if streams == 1 {
+            let met = if share >= TARGET_SHARE { "met" } else { "NOT met" };
+            let _ = writeln!(
+                verdict,
+                "- Single stream: HBONE carries {:.0}% of direct (target ≥{:.0}%: {met}).",
+                share * 100.0,
+                TARGET_SHARE * 100.0
+            );
+        }
+    }
+    body.push('\n');
+    body.push_str(&verdict);
+    Section { name: "hbone-throughput", title: "HBONE throughput".into(), body }
+}
+
+/// Scenario 4: 1 KB request/response on an established connection, and a new connection's first byte.
+pub fn latency(counts: Counts) -> Section {
+    let pods = Pods::start();
+    let mut mesh_conn = apps::connect(&pods.mesh_client.netns, pods.mesh_addr(ECHO_PORT));
+    let mut plain_conn = apps::connect(&pods.plain_client.netns, pods.plain_addr(ECHO_PORT));
+    apps::round_trips(&mut mesh_conn, MESSAGE, counts.warmup);
+    apps::round_trips(&mut plain_conn, MESSAGE, counts.warmup);
+    let (mut mesh, mut direct) = (Vec::new(), Vec::new());
+    // Interleave in blocks so both paths see the same machine noise.
+    for _ in 0..counts.iterations.div_ceil(100) {
+        mesh.extend(apps::round_trips(&mut mesh_conn, MESSAGE, 100));
+        direct.extend(apps::round_trips(&mut plain_conn, MESSAGE, 100));
+    }
+    let (m, d) = (Summary::of(&mesh), Summary::of(&direct));
+
+    // New connections: through the pool (the client pod already has an HBONE connection to the server's
+    // proxy) versus direct; then fresh HBONE connections, one per new client pod (a new identity is a new pool
+    // key, so the proxy must dial and handshake).
+    let setups = counts.iterations.min(200);
+    let (mut pooled, mut plain_setup) = (Vec::new(), Vec::new());
+    for _ in 0..setups {
+        pooled.push(apps::first_byte(&pods.mesh_client.netns, pods.mesh_addr(SINK_PORT)));
+        plain_setup.push(apps::first_byte(&pods.plain_client.netns, pods.plain_addr(SINK_PORT)));
+    }
+    let fresh_count = (counts.iterations / 100).clamp(5, 20);
+    let mut fresh = Vec::new();
+    for i in 0..fresh_count {
+        let name = format!("fresh{i}");
+        let (pod, _) = pods.node.add_pod(&name);
+        fresh.push(apps::first_byte(&pod.netns, pods.mesh_addr(SINK_PORT)));
+        pods.node.remove_pod(&name, pod);
+    }
+
+    let mut body = String::new();
+    let _ = writeln!(
+        body,
+        "Request/response: {MESSAGE} bytes each way on one established connection; warm-up {} round trips, then \
+         {} per path, in alternating blocks of 100. Connection setup: from the start of `connect` until the server \
+         app's first byte arrived; {setups} per path through the pool, and {fresh_count} fresh HBONE connections \
+         (each from a newly enrolled client pod, so the proxy dials and completes a TLS handshake). Same node, \
+         native nftables rules.\n",
+        counts.warmup,
+        mesh.len()
+    );
+    let _ = writeln!(body, "| figure | median µs | p90 µs | p99 µs | added vs direct (median) µs |");
+    let _ = writeln!(body, "|---|---:|---:|---:|---:|");
+    let added = |a: &Summary, b: &Summary| us(a.median.saturating_sub(b.median));
+    let ps = Summary::of(&plain_setup);
+    let rows = [
+        ("1 KB round trip, HBONE", m, added(&m, &d)),
+        ("1 KB round trip, direct", d, "–".into()),
+        ("first byte, new connection through the pool", Summary::of(&pooled), added(&Summary::of(&pooled), &ps)),
+        ("first byte, fresh HBONE connection (TLS handshake)", Summary::of(&fresh), added(&Summary::of(&fresh), &ps)),
+        ("first byte, direct", ps, "–".into()),
+    ];
+    for (figure, sum, add) in rows {
+        let _ = writeln!(body, "| {figure} | {} | {add} |", sum.us_cells());
+    }
+    let _ = writeln!(body, "\n1 KB round trip, added latency at p99: {} µs.", us(m.p99.saturating_sub(d.p99)));
+    Section { name: "hbone-latency", title: "HBONE latency".into(), body }
+}

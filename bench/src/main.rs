@@ -1,0 +1,107 @@
+//! `node-bench`: the benchmark program of the benchmark issue. Each scenario sets up real namespaces, runs a
+//! fixed number of iterations after a warm-up, measures against its baseline in the same run, prints a markdown
+//! table and writes it into BENCHMARKS.md. Run it with `scripts/bench.sh [SCENARIO...]` (release build, as root,
+//! with nothing else loaded); timings never appear in the test suite.
+
+mod ambient_enroll;
+mod apps;
+mod attach;
+mod hbone;
+mod installer_repair;
+mod node_scale;
+mod pod_rules;
+mod report;
+mod scene;
+mod sidecar_setup;
+mod stats;
+
+use clap::{Parser, ValueEnum};
+
+/// Warm-up and timed iteration counts of a scenario.
+#[derive(Debug, Clone, Copy)]
+pub struct Counts {
+    /// Untimed rounds first.
+    pub warmup: usize,
+    /// Timed rounds.
+    pub iterations: usize,
+}
+
+/// The scenarios, named as in BENCHMARKS.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// Per-pod cost of the rule programming step alone, per backend.
+    PodRules,
+    /// A sidecar pod's whole CNI ADD with and without our plugin, per backend.
+    SidecarSetup,
+    /// An ambient pod's whole enrollment path, and the agent's per-phase histogram.
+    AmbientEnroll,
+    /// HBONE throughput, 1 and 8 streams, against direct TCP.
+    HboneThroughput,
+    /// HBONE request/response latency and connection setup, against direct TCP.
+    HboneLatency,
+    /// 1,000 pods on one node: enrollment rate, memory, restart times.
+    NodeScale,
+    /// Time from a rival's conflist rewrite until install-cni has re-inserted our plugin.
+    InstallerRepair,
+}
+
+impl Scenario {
+    /// Default counts: cheap scenarios run many rounds, heavy ones fewer.
+    fn default_counts(self) -> Counts {
+        match self {
+            Scenario::PodRules => Counts { warmup: 20, iterations: 200 },
+            Scenario::SidecarSetup => Counts { warmup: 10, iterations: 100 },
+            Scenario::InstallerRepair => Counts { warmup: 5, iterations: 100 },
+            Scenario::AmbientEnroll => Counts { warmup: 5, iterations: 50 },
+            Scenario::HboneThroughput => Counts { warmup: 1, iterations: 5 },
+            Scenario::HboneLatency => Counts { warmup: 200, iterations: 2000 },
+            Scenario::NodeScale => Counts { warmup: 0, iterations: 1000 },
+        }
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(about = "Benchmarks pod setup, HBONE and node scale against baselines in the same run")]
+struct Args {
+    /// Scenarios to run (all when none is given).
+    #[arg(value_enum)]
+    scenarios: Vec<Scenario>,
+    /// Timed iterations per scenario (overrides each scenario's default).
+    #[arg(long, env = "BENCH_ITERATIONS")]
+    iterations: Option<usize>,
+    /// Warm-up iterations per scenario (overrides each scenario's default).
+    #[arg(long, env = "BENCH_WARMUP")]
+    warmup: Option<usize>,
+    /// Print the tables without touching BENCHMARKS.md.
+    #[arg(long)]
+    no_write: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(nix::unistd::geteuid().is_root(), "node-bench needs root (network namespaces, netfilter)");
+    let scenarios = if args.scenarios.is_empty() { Scenario::value_variants().to_vec() } else { args.scenarios };
+    for scenario in scenarios {
+        let defaults = scenario.default_counts();
+        let counts = Counts {
+            warmup: args.warmup.unwrap_or(defaults.warmup),
+            iterations: args.iterations.unwrap_or(defaults.iterations).max(1),
+        };
+        println!("== {scenario:?}: warm-up {}, iterations {}", counts.warmup, counts.iterations);
+        let section = match scenario {
+            Scenario::PodRules => pod_rules::run(counts),
+            Scenario::SidecarSetup => sidecar_setup::run(counts),
+            Scenario::InstallerRepair => installer_repair::run(counts),
+            Scenario::AmbientEnroll => ambient_enroll::run(counts),
+            Scenario::HboneThroughput => hbone::throughput(counts),
+            Scenario::HboneLatency => hbone::latency(counts),
+            Scenario::NodeScale => node_scale::run(counts),
+        };
+        println!("\n{}", section.render());
+        if !args.no_write {
+            let path = report::write(&section)?;
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}

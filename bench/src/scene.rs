@@ -1,0 +1,95 @@
+//! An ambient node for the scenarios that need the whole path: the fake API, the node agent and the HBONE proxy
+//! in the node netns, pods created through the fake runtime with the ambient conflist. Everything is torn down
+//! on drop (pods first, then processes, then namespaces).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tempfile::TempDir;
+use tests::hbone_proxy::Proxy;
+use tests::mesh::RuleBackend;
+use tests::node_agent::{ambient_conflist, ambient_pod, namespace, redirection, NodeAgent};
+use tests::{Cluster, NetworkConfigList};
+
+use crate::attach::{timed_add, Attached};
+
+/// Namespace of every benchmark pod.
+pub const NS: &str = "bench";
+/// Log level of the agent and proxy: logging every connection would be measured too.
+const QUIET: &str = "warn";
+
+/// The node and its daemons. Field order is drop order: proxy, agent, then the cluster.
+pub struct AmbientNode {
+    /// The HBONE proxy.
+    pub proxy: Proxy,
+    /// The node agent.
+    pub agent: NodeAgent,
+    /// The ambient conflist (bridge + host-local + istio-cni with ambient enabled).
+    pub list: NetworkConfigList,
+    /// The proxy's state dir and workloads file.
+    pub proxy_dir: TempDir,
+    /// Node netns, bridge, runtime and fake API.
+    pub cluster: Cluster,
+}
+
+impl AmbientNode {
+    /// Starts a node whose rules use `backend`, with the agent and proxy on their defaults (quiet logs); the
+    /// proxy learns workloads from the fake API. `subnet` overrides the pod range (e.g. a /20 for 1,000 pods).
+    pub fn start(backend: RuleBackend, subnet: Option<(&str, &str)>) -> AmbientNode {
+        let cluster = Cluster::with_backend(backend);
+        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+        let mut conflist = ambient_conflist(&cluster);
+        if let Some((range, gateway)) = subnet {
+            conflist["plugins"][0]["ipam"]["ranges"] = json!([[{ "subnet": range, "gateway": gateway }]]);
+        }
+        let list = NetworkConfigList::from_value(conflist).expect("ambient conflist");
+        let agent = NodeAgent::start(&cluster, &[("LOG_LEVEL", QUIET)]);
+        let proxy_dir = tempfile::Builder::new().prefix("bench-proxy-").tempdir().expect("proxy dir");
+        let kubeconfig = proxy_dir.path().join("kubeconfig");
+        cluster.api.write_kubeconfig(&kubeconfig).expect("proxy kubeconfig");
+        let proxy = start_proxy(&cluster, &agent, proxy_dir.path());
+        AmbientNode { proxy, agent, list, proxy_dir, cluster }
+    }
+
+    /// Restarts the proxy (killed first), returning how long the new one took to be ready.
+    pub fn restart_proxy(&mut self) -> Duration {
+        self.proxy.stop();
+        let start = Instant::now();
+        self.proxy = start_proxy(&self.cluster, &self.agent, self.proxy_dir.path());
+        start.elapsed()
+    }
+
+    /// Stores ambient pod `name` (service account `name`) and creates it through the runtime; returns the
+    /// attachment (its `took` is the ADD alone) once the agent annotated the pod, and the time from the start of
+    /// ADD until the annotation was visible in the API.
+    pub fn add_pod(&self, name: &str) -> (Attached, Duration) {
+        let mut pod = ambient_pod(NS, name);
+        pod["spec"]["serviceAccountName"] = json!(name);
+        self.cluster.create(&pod);
+        let start = Instant::now();
+        let attached = timed_add(&self.cluster.node, &self.list, NS, name);
+        while redirection(&self.cluster, NS, name).as_deref() != Some("enabled") {
+            assert!(start.elapsed() < Duration::from_secs(20), "{name} was never annotated");
+            std::thread::yield_now();
+        }
+        let enrolled = start.elapsed();
+        let mut object = self.cluster.api.get("Pod", Some(NS), name).expect("pod stored");
+        let ip = attached.ip();
+        object["status"] = json!({ "phase": "Running", "podIP": ip, "podIPs": [{ "ip": ip }] });
+        self.cluster.api.upsert(object).expect("report the pod running");
+        (attached, enrolled)
+    }
+
+    /// Removes pod `name`: CNI DEL (by dropping the attachment) and the Pod object.
+    pub fn remove_pod(&self, name: &str, attached: Attached) {
+        drop(attached);
+        self.cluster.api.delete("Pod", Some(NS), name);
+    }
+}
+
+fn start_proxy(cluster: &Cluster, agent: &NodeAgent, dir: &Path) -> Proxy {
+    let kubeconfig = dir.join("kubeconfig").display().to_string();
+    let env = [("KUBECONFIG", kubeconfig.as_str()), ("LOG_LEVEL", QUIET)];
+    Proxy::start(cluster, agent, dir, &dir.join("workloads.yaml"), &env)
+}
