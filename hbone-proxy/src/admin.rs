@@ -14,10 +14,10 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::workloads::Workloads;
+use crate::workloads::View;
 
 /// Binds 127.0.0.1:`port` (only local users may read the dump) and serves until the process exits.
-pub async fn serve(port: u16, workloads: Workloads) -> std::io::Result<()> {
+pub async fn serve(port: u16, workloads: View) -> std::io::Result<()> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
     tokio::spawn(async move {
         loop {
@@ -35,13 +35,14 @@ pub async fn serve(port: u16, workloads: Workloads) -> std::io::Result<()> {
     Ok(())
 }
 
-fn respond<B>(req: &Request<B>, workloads: &Workloads) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = match req.uri().path() {
-        "/config_dump" => {
-            let mut body = serde_json::to_string_pretty(&workloads.dump()).unwrap_or_default();
+fn respond<B>(req: &Request<B>, workloads: &View) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (req.uri().path(), workloads.dump()) {
+        ("/config_dump", Some(dump)) => {
+            let mut body = serde_json::to_string_pretty(&dump).unwrap_or_default();
             body.push('\n');
             (StatusCode::OK, "application/json", body)
         }
+        ("/config_dump", None) => (StatusCode::SERVICE_UNAVAILABLE, "text/plain", "shutting down\n".to_owned()),
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));

@@ -78,7 +78,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     });
     tracing::info!(mode = ?config.mtls_mode, secret_ttl = ?config.secret_ttl, "mesh policy");
     let workloads = Workloads::new(mesh, probes);
-    admin::serve(config.admin_port, workloads.clone())
+    admin::serve(config.admin_port, workloads.view())
         .await
         .with_context(|| format!("binding the admin port 127.0.0.1:{}", config.admin_port))?;
     let shutdown = daemon::signals::shutdown_signal()?;
@@ -86,6 +86,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         () = workloads.run(&config.inpod_uds) => {}
         signal = shutdown => tracing::info!(?signal, ?deadline, "shutting down: draining connections"),
     }
+    drop(workloads);
     // Dropping the workloads closed every listener and sent GOAWAY on the inbound HBONE connections; open
     // connections may finish until the deadline, and are cut when the process exits.
     drain.start(DrainMode::Graceful);

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use daemon::probes::ProbeState;
@@ -45,25 +45,46 @@ struct State {
     synced: bool,
 }
 
-/// The ZDS client and the pod proxies it manages. Cheap to clone; clones share the state.
-#[derive(Debug, Clone)]
+/// The ZDS client and the pod proxies it manages. Dropping it stops every pod proxy.
+#[derive(Debug)]
 pub struct Workloads {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     mesh: Arc<Mesh>,
     probes: ProbeState,
-    state: Arc<Mutex<State>>,
+    state: Mutex<State>,
+}
+
+/// A read-only handle for the admin endpoint that does not keep the pods (or the mesh) alive, so shutdown is
+/// not held up by it.
+#[derive(Debug, Clone)]
+pub struct View(Weak<Inner>);
+
+impl View {
+    /// What `/config_dump` shows (see [`Workloads::dump`]); `None` once the proxy is shutting down.
+    pub fn dump(&self) -> Option<Value> {
+        self.0.upgrade().map(|inner| Workloads { inner }.dump())
+    }
 }
 
 impl Workloads {
     /// No pods yet; not ready until the first snapshot has been applied.
     pub fn new(mesh: Arc<Mesh>, probes: ProbeState) -> Self {
         probes.set_not_ready("waiting for the node agent's snapshot");
-        Workloads { mesh, probes, state: Arc::default() }
+        Workloads { inner: Arc::new(Inner { mesh, probes, state: Mutex::default() }) }
+    }
+
+    /// A handle for the admin endpoint.
+    pub fn view(&self) -> View {
+        View(Arc::downgrade(&self.inner))
     }
 
     /// Connects to `uds` forever, reconnecting with backoff whenever the agent goes away; retries pending pods
     /// every [`RETRY_INTERVAL`] meanwhile.
-    pub async fn run(self, uds: &Path) {
-        // One future for both, so dropping it (on SIGTERM) drops every pod proxy at once.
+    pub async fn run(&self, uds: &Path) {
         tokio::join!(self.retry_pending(), self.connect(uds));
     }
 
@@ -104,11 +125,11 @@ impl Workloads {
             })
             .collect();
         pending.sort_by(|a, b| a["uid"].as_str().cmp(&b["uid"].as_str()));
-        json!({ "trust_domain": self.mesh.trust_domain(), "pods": pods, "pending": pending, "synced": state.synced })
+        json!({ "trust_domain": self.inner.mesh.trust_domain(), "pods": pods, "pending": pending, "synced": state.synced })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Answers requests until the connection fails.
@@ -181,7 +202,7 @@ impl Workloads {
 
     /// Starts `uid`'s proxy; on failure keeps it as pending (retried later) and returns the error for the ack.
     fn start(&self, state: &mut State, uid: &str, info: Option<WorkloadInfo>, netns: Arc<Netns>) -> Result<(), String> {
-        match PodProxy::start(&self.mesh, uid, info.as_ref(), netns.clone()) {
+        match PodProxy::start(&self.inner.mesh, uid, info.as_ref(), netns.clone()) {
             Ok(proxy) => {
                 if state.pods.insert(uid.to_owned(), proxy).is_some() {
                     tracing::info!(uid, "pod netns changed: replaced its proxy");
@@ -219,15 +240,15 @@ impl Workloads {
 
     /// Updates the proxy counts and readiness: ready once synced with nothing pending.
     fn publish(&self, state: &State) {
-        let metrics = &self.mesh.metrics;
+        let metrics = &self.inner.mesh.metrics;
         metrics.active_proxies.set(state.pods.len() as i64);
         metrics.pending_proxies.set(state.pending.len() as i64);
         if !state.synced {
-            self.probes.set_not_ready("waiting for the node agent's snapshot");
+            self.inner.probes.set_not_ready("waiting for the node agent's snapshot");
         } else if !state.pending.is_empty() {
-            self.probes.set_not_ready(format!("{} pod proxies failed to start; retrying", state.pending.len()));
+            self.inner.probes.set_not_ready(format!("{} pod proxies failed to start; retrying", state.pending.len()));
         } else {
-            self.probes.set_ready();
+            self.inner.probes.set_ready();
         }
     }
 }
