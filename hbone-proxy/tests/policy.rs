@@ -1,0 +1,79 @@
+//! Mesh policy in the real `hbone-proxy` (real node agent, pods through the fake CNI runtime): `MTLS_MODE=STRICT`
+//! refuses plaintext inbound connections captured on 15006 (`PERMISSIVE`, the default, forwards them).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tests::mesh::plain_pod;
+use tests::node_agent::ambient_conflist;
+use tests::wait::eventually;
+use tests::{Cluster, Pod};
+
+mod support;
+use support::{listening, Proxy, Scene, APP_PORT, NS};
+
+const HELLO: &[u8] = b"hello through the mesh";
+
+fn scene(env: &[(&str, &str)]) -> Scene {
+    Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", env)
+}
+
+/// A pod outside the mesh (not labelled for ambient) on the scene's node.
+fn plain_member(cluster: &Cluster, name: &str) -> Pod {
+    cluster.create(&plain_pod(NS, name));
+    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
+}
+
+/// An echo app on `listener`, counting the connections it accepted.
+fn echo_app(listener: TcpListener) -> Arc<AtomicUsize> {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut reader = stream.try_clone().expect("clone socket");
+                let _ = io::copy(&mut reader, &mut stream);
+                let _ = stream.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    accepted
+}
+
+/// An app in `from` sends [`HELLO`] to `to`:8080, shuts down its write side and reads to the end: what came back.
+fn say_hello(from: &Pod, to: &Pod) -> io::Result<Vec<u8>> {
+    let dst = SocketAddr::from((to.ip, APP_PORT));
+    let ns = from.netns.open().expect("open pod netns");
+    let mut stream = ns.run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10))).expect("enter pod netns")?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(HELLO)?;
+    stream.shutdown(Shutdown::Write)?;
+    let mut back = Vec::new();
+    stream.read_to_end(&mut back)?;
+    Ok(back)
+}
+
+#[test]
+fn strict_mtls_mode_refuses_plaintext_inbound_and_permissive_forwards_it() {
+    let mut scene = scene(&[("MTLS_MODE", "STRICT")]);
+    let outsider = plain_member(&scene.cluster, "n");
+    let accepted = echo_app(scene.b_listener());
+
+    let refused = say_hello(&outsider, &scene.b);
+    assert!(refused.as_ref().map_or(true, Vec::is_empty), "plaintext got through in STRICT mode: {refused:?}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 0, "B's app never saw the plaintext connection");
+    assert!(scene.proxy.log().contains("plaintext refused: MTLS_MODE=STRICT"), "the access log tells");
+    assert_eq!(say_hello(&scene.a, &scene.b).expect("A over HBONE"), HELLO, "mesh traffic still flows");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+    scene.proxy.stop();
+    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15006)).then_some(()));
+    scene.proxy = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
+    assert_eq!(say_hello(&outsider, &scene.b).expect("plaintext in PERMISSIVE mode"), HELLO);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "PERMISSIVE (the default) forwards plaintext to the app");
+}
