@@ -43,11 +43,18 @@ fn goldens_dir() -> PathBuf {
 
 #[test]
 fn lint_strict_passes() {
-    let out = output(chart::helm().args(["lint", "--strict"]).arg(chart::chart_dir()));
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "helm lint --strict failed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("0 chart(s) failed"), "{text}");
-    assert!(!text.contains("[WARNING]") && !text.contains("[ERROR]"), "{text}");
+    let everything = ["--set", AMBIENT, "--set", PROXY, "--set", "proxy.selfSignedCA=true"];
+    for extra in [&[][..], &everything[..]] {
+        let out = output(chart::helm().args(["lint", "--strict"]).arg(chart::chart_dir()).args(extra));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "helm lint --strict {extra:?} failed:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("0 chart(s) failed"), "{text}");
+        assert!(!text.contains("[WARNING]") && !text.contains("[ERROR]"), "{text}");
+    }
 }
 
 #[test]
