@@ -1,13 +1,17 @@
 //! Scenarios 3 and 4, HBONE throughput and latency, pod to pod through the proxy (client pod's outbound on
 //! 15001 → HBONE over mTLS to the server pod's 15008 → the app), against direct TCP between two pods of the same
-//! node without enrollment. Istio's ztunnel is not measured: it cannot be fetched or built on this machine.
+//! node (or the same two nodes) without enrollment. Istio's ztunnel is not measured: it cannot be fetched or built on this machine.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use hbone::MeshCa;
+use serde_json::json;
+use tempfile::TempDir;
 use tests::hbone_proxy::METRICS_PORT;
 use tests::mesh::RuleBackend;
+use tests::node_agent::uid;
 use tests::NetworkConfigList;
 
 use crate::apps::{self, Mode, Server, ECHO_PORT, SINK_PORT};
@@ -17,45 +21,98 @@ use crate::scene::{AmbientNode, NS};
 use crate::stats::{gbps, ratio, us, Summary};
 use crate::Counts;
 
-/// Bytes per throughput run, split over the streams.
-const TRANSFER_BYTES: u64 = 512 * 1024 * 1024;
+/// The trust domain of every benchmark workload.
+const TRUST_DOMAIN: &str = "cluster.local";
+/// MiB per throughput run, split over the streams, unless `BENCH_TRANSFER_MIB` says otherwise.
+const TRANSFER_MIB: u64 = 512;
+
+/// Bytes per throughput run.
+fn transfer_bytes() -> u64 {
+    let mib = std::env::var("BENCH_TRANSFER_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(TRANSFER_MIB);
+    mib.max(1) << 20
+}
 /// Size of a latency request and of its response.
 const MESSAGE: usize = 1024;
 /// The benchmark issue's target: a single HBONE stream at least this share of direct.
 const TARGET_SHARE: f64 = 0.5;
 
-/// Two enrolled pods (through the proxy) and two plain pods (direct), with a sink and an echo app on each
-/// server pod. Field order is drop order.
+/// Where the server pods run relative to the client pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    SameNode,
+    AcrossNodes,
+}
+
+impl Placement {
+    fn label(self) -> &'static str {
+        match self {
+            Placement::SameNode => "same node",
+            Placement::AcrossNodes => "across nodes",
+        }
+    }
+}
+
+/// The link between two node netns: its name on each side and the node addresses (only inside our netns).
+const LINK: [(&str, &str); 2] = [("nb-peer1", "192.0.2.1"), ("nb-peer2", "192.0.2.2")];
+
+/// Two enrolled pods (through the proxies) and two plain pods (direct), with a sink and an echo app on each
+/// server pod; across nodes the clients run on node 1 and the servers on node 2. Field order is drop order.
 struct Pods {
     _apps: Vec<Server>,
     mesh_client: Attached,
     mesh_server: Attached,
     plain_client: Attached,
     plain_server: Attached,
-    node: AmbientNode,
+    nodes: Vec<AmbientNode>,
+    _ca: TempDir,
 }
 
 impl Pods {
-    fn start() -> Pods {
-        let node = AmbientNode::start(RuleBackend::Nftables, None);
-        let (mesh_client, _) = node.add_pod("client");
-        let (mesh_server, _) = node.add_pod("server");
-        let plain = NetworkConfigList::from_value(node.cluster.node.conflist(vec![])).expect("plain conflist");
-        let plain_client = timed_add(&node.cluster.node, &plain, NS, "plain-client");
-        let plain_server = timed_add(&node.cluster.node, &plain, NS, "plain-server");
+    fn start(placement: Placement) -> Pods {
+        let ca = tempfile::Builder::new().prefix("bench-ca-").tempdir().expect("CA dir");
+        MeshCa::load_or_create(ca.path(), TRUST_DOMAIN).expect("the mesh CA the nodes share");
+        let count = if placement == Placement::SameNode { 1 } else { 2 };
+        let nodes: Vec<AmbientNode> =
+            (0..count).map(|_| AmbientNode::start_with_ca(RuleBackend::Nftables, None, Some(ca.path()))).collect();
+        if count == 2 {
+            link(&nodes[0], &nodes[1]);
+        }
+        let (client_node, server_node) = (&nodes[0], &nodes[count - 1]);
+        let (mesh_client, _) = client_node.add_pod("client");
+        let (mesh_server, _) = server_node.add_pod("server");
+        let plain = |node: &AmbientNode, name: &str| {
+            let mut conflist = node.cluster.node.conflist(vec![]);
+            // A default route through the bridge, as the ambient pods have, so the other node is reachable.
+            conflist["plugins"][0]["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0" }]);
+            let list = NetworkConfigList::from_value(conflist).expect("plain conflist");
+            timed_add(&node.cluster.node, &list, NS, name)
+        };
+        let plain_client = plain(client_node, "plain-client");
+        let plain_server = plain(server_node, "plain-server");
+        if count == 2 {
+            // Node 1's proxy learns the remote server from its local workloads file.
+            let ip = mesh_server.ip();
+            let listing = json!({ "workloads": [{
+                "uid": uid(&server_node.cluster, NS, "server"), "name": "server", "namespace": NS,
+                "serviceAccount": "server", "trustDomain": TRUST_DOMAIN, "workloadIps": [ip],
+                "protocol": "HBONE", "node": "node-2",
+            }]});
+            let path = client_node.proxy_dir.path().join("workloads.yaml");
+            std::fs::write(path, serde_json::to_string(&listing).expect("render workloads")).expect("write workloads");
+        }
         let mut apps = Vec::new();
         for server in [&mesh_server, &plain_server] {
             apps.push(Server::start(&server.netns, SINK_PORT, Mode::Sink));
             apps.push(Server::start(&server.netns, ECHO_PORT, Mode::Echo));
         }
-        let pods = Pods { _apps: apps, mesh_client, mesh_server, plain_client, plain_server, node };
+        let pods = Pods { _apps: apps, mesh_client, mesh_server, plain_client, plain_server, nodes, _ca: ca };
         pods.wait_for_hbone();
         pods
     }
 
-    /// Outbound HBONE connections the proxy has opened so far.
+    /// Outbound HBONE connections the client's proxy has opened so far.
     fn hbone_opened(&self) -> f64 {
-        let netns = self.node.cluster.node.netns().path();
+        let netns = self.nodes[0].cluster.node.netns().path();
         let (_, body) = tests::http::get(&netns, METRICS_PORT, "/metrics").expect("proxy metrics");
         body.lines()
             .filter(|l| l.starts_with("istio_tcp_connections_opened_total{"))
@@ -64,8 +121,8 @@ impl Pods {
             .sum()
     }
 
-    /// Waits until a connection from the client pod to the server pod goes over HBONE, i.e. the proxy's
-    /// directory lists the server (until then it would be passthrough and the figures meaningless).
+    /// Waits until a connection from the client pod to the server pod goes over HBONE, i.e. the client's proxy
+    /// lists the server (until then it would be passthrough and the figures meaningless).
     fn wait_for_hbone(&self) {
         let start = Instant::now();
         loop {
@@ -88,27 +145,51 @@ impl Pods {
     }
 }
 
+/// Connects two node netns with a veth and routes each node's pod subnet through it.
+fn link(one: &AmbientNode, two: &AmbientNode) {
+    let (ns1, ns2) = (one.cluster.node.netns(), two.cluster.node.netns());
+    ns1.exec_ok(&["ip", "link", "add", LINK[0].0, "type", "veth", "peer", "name", LINK[1].0, "netns", ns2.name()]);
+    for ((ns, (dev, addr)), (other, via)) in [ns1, ns2].into_iter().zip(LINK).zip([(two, LINK[1].1), (one, LINK[0].1)])
+    {
+        ns.exec_ok(&["ip", "addr", "add", &format!("{addr}/30"), "dev", dev]);
+        ns.exec_ok(&["ip", "link", "set", dev, "up"]);
+        ns.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        ns.exec_ok(&["ip", "route", "add", &other.cluster.node.subnet(), "via", via]);
+    }
+}
+
 /// Scenario 3: Gb/s with 1 and 8 streams, HBONE vs direct, interleaved run by run.
 pub fn throughput(counts: Counts) -> Section {
-    let pods = Pods::start();
     let mut body = String::new();
     let _ = writeln!(
         body,
         "Timed: {} MiB per run, split evenly over the streams, from the first connect until every sink app \
-         acknowledged the end of its stream. Same node, native nftables rules. Warm-up {} runs, then {} timed runs \
-         per row, HBONE and direct interleaved. Istio's ztunnel is not measured (it cannot be fetched or built \
+         acknowledged the end of its stream. Native nftables rules; across nodes, the two node netns are linked \
+         by a veth. Warm-up {} runs, then {} timed runs per row, HBONE and direct interleaved. Istio's ztunnel is not measured (it cannot be fetched or built \
          here).\n",
-        TRANSFER_BYTES >> 20,
+        transfer_bytes() >> 20,
         counts.warmup,
         counts.iterations
     );
     let _ = writeln!(
         body,
-        "| streams | path | median Gb/s | p10 Gb/s | HBONE / direct (medians) |\n|---|---|---:|---:|---:|"
+        "| placement | streams | path | median Gb/s | p10 Gb/s | HBONE / direct (medians) |\n|---|---|---|---:|---:|---:|"
     );
     let mut verdict = String::new();
+    for placement in [Placement::SameNode, Placement::AcrossNodes] {
+        println!("hbone-throughput: {}", placement.label());
+        let pods = Pods::start(placement);
+        throughput_rows(&pods, placement, counts, &mut body, &mut verdict);
+    }
+    body.push('\n');
+    body.push_str(&verdict);
+    Section { name: "hbone-throughput", title: "HBONE throughput".into(), body }
+}
+
+fn throughput_rows(pods: &Pods, placement: Placement, counts: Counts, body: &mut String, verdict: &mut String) {
+    let place = placement.label();
     for streams in [1usize, 8] {
-        let per_stream = TRANSFER_BYTES / streams as u64;
+        let per_stream = transfer_bytes() / streams as u64;
         let (mut mesh, mut direct) = (Vec::new(), Vec::new());
         for round in 0..counts.warmup + counts.iterations {
             let m = apps::transfer(&pods.mesh_client.netns, pods.mesh_addr(SINK_PORT), streams, per_stream);
@@ -120,28 +201,26 @@ pub fn throughput(counts: Counts) -> Section {
         }
         // Slowest time is the lowest rate: p90 of durations gives p10 of throughput.
         let (m, d) = (Summary::of(&mesh), Summary::of(&direct));
-        let rate = |t: Duration| gbps(TRANSFER_BYTES, t);
+        let rate = |t: Duration| gbps(per_stream * streams as u64, t);
         let share = ratio(d.median, m.median);
-        let _ = writeln!(body, "| {streams} | HBONE | {:.2} | {:.2} | {share:.2} |", rate(m.median), rate(m.p90));
-        let _ = writeln!(body, "| {streams} | direct | {:.2} | {:.2} | 1.00 |", rate(d.median), rate(d.p90));
+        let _ =
+            writeln!(body, "| {place} | {streams} | HBONE | {:.2} | {:.2} | {share:.2} |", rate(m.median), rate(m.p90));
+        let _ = writeln!(body, "| {place} | {streams} | direct | {:.2} | {:.2} | 1.00 |", rate(d.median), rate(d.p90));
         if streams == 1 {
             let met = if share >= TARGET_SHARE { "met" } else { "NOT met" };
             let _ = writeln!(
                 verdict,
-                "- Single stream: HBONE carries {:.0}% of direct (target ≥{:.0}%: {met}).",
+                "- Single stream, {place}: HBONE carries {:.0}% of direct (target ≥{:.0}%: {met}).",
                 share * 100.0,
                 TARGET_SHARE * 100.0
             );
         }
     }
-    body.push('\n');
-    body.push_str(&verdict);
-    Section { name: "hbone-throughput", title: "HBONE throughput".into(), body }
 }
 
 /// Scenario 4: 1 KB request/response on an established connection, and a new connection's first byte.
 pub fn latency(counts: Counts) -> Section {
-    let pods = Pods::start();
+    let pods = Pods::start(Placement::SameNode);
     let mut mesh_conn = apps::connect(&pods.mesh_client.netns, pods.mesh_addr(ECHO_PORT));
     let mut plain_conn = apps::connect(&pods.plain_client.netns, pods.plain_addr(ECHO_PORT));
     apps::round_trips(&mut mesh_conn, MESSAGE, counts.warmup);
@@ -167,9 +246,9 @@ pub fn latency(counts: Counts) -> Section {
     let mut fresh = Vec::new();
     for i in 0..fresh_count {
         let name = format!("fresh{i}");
-        let (pod, _) = pods.node.add_pod(&name);
+        let (pod, _) = pods.nodes[0].add_pod(&name);
         fresh.push(apps::first_byte(&pod.netns, pods.mesh_addr(SINK_PORT)));
-        pods.node.remove_pod(&name, pod);
+        pods.nodes[0].remove_pod(&name, pod);
     }
 
     let mut body = String::new();

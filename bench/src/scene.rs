@@ -2,12 +2,13 @@
 //! in the node netns, pods created through the fake runtime with the ambient conflist. Everything is torn down
 //! on drop (pods first, then processes, then namespaces).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tempfile::TempDir;
 use tests::hbone_proxy::Proxy;
+use tests::install_cni::Installer;
 use tests::mesh::RuleBackend;
 use tests::node_agent::{ambient_conflist, ambient_pod, namespace, redirection, NodeAgent};
 use tests::{Cluster, NetworkConfigList};
@@ -29,6 +30,8 @@ pub struct AmbientNode {
     pub list: NetworkConfigList,
     /// The proxy's state dir and workloads file.
     pub proxy_dir: TempDir,
+    /// The shared mesh CA the proxy uses, if not its own.
+    ca_dir: Option<PathBuf>,
     /// Node netns, bridge, runtime and fake API.
     pub cluster: Cluster,
 }
@@ -37,7 +40,14 @@ impl AmbientNode {
     /// Starts a node whose rules use `backend`, with the agent and proxy on their defaults (quiet logs); the
     /// proxy learns workloads from the fake API. `subnet` overrides the pod range (e.g. a /20 for 1,000 pods).
     pub fn start(backend: RuleBackend, subnet: Option<(&str, &str)>) -> AmbientNode {
+        Self::start_with_ca(backend, subnet, None)
+    }
+
+    /// Like [`AmbientNode::start`], with the proxy's mesh CA taken from `ca_dir` (Istio's `cacerts` layout), so
+    /// several nodes share one mesh.
+    pub fn start_with_ca(backend: RuleBackend, subnet: Option<(&str, &str)>, ca_dir: Option<&Path>) -> AmbientNode {
         let cluster = Cluster::with_backend(backend);
+        install_kubeconfig(&cluster);
         cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
         let mut conflist = ambient_conflist(&cluster);
         if let Some((range, gateway)) = subnet {
@@ -48,15 +58,16 @@ impl AmbientNode {
         let proxy_dir = tempfile::Builder::new().prefix("bench-proxy-").tempdir().expect("proxy dir");
         let kubeconfig = proxy_dir.path().join("kubeconfig");
         cluster.api.write_kubeconfig(&kubeconfig).expect("proxy kubeconfig");
-        let proxy = start_proxy(&cluster, &agent, proxy_dir.path());
-        AmbientNode { proxy, agent, list, proxy_dir, cluster }
+        let ca_dir = ca_dir.map(Path::to_path_buf);
+        let proxy = start_proxy(&cluster, &agent, proxy_dir.path(), ca_dir.as_deref());
+        AmbientNode { proxy, agent, list, proxy_dir, ca_dir, cluster }
     }
 
     /// Restarts the proxy (killed first), returning how long the new one took to be ready.
     pub fn restart_proxy(&mut self) -> Duration {
         self.proxy.stop();
         let start = Instant::now();
-        self.proxy = start_proxy(&self.cluster, &self.agent, self.proxy_dir.path());
+        self.proxy = start_proxy(&self.cluster, &self.agent, self.proxy_dir.path(), self.ca_dir.as_deref());
         start.elapsed()
     }
 
@@ -88,8 +99,27 @@ impl AmbientNode {
     }
 }
 
-fn start_proxy(cluster: &Cluster, agent: &NodeAgent, dir: &Path) -> Proxy {
+/// Has install-cni write the plugin's kubeconfig, as on a real node: the service-account token and the cluster
+/// CA inlined. (The fake API's own kubeconfig has no CA, which would make the plugin's kube client load every
+/// system root at each exec, a cost no real node pays.) The installer is stopped once the file is there.
+pub fn install_kubeconfig(cluster: &Cluster) {
+    let installer = Installer::new(cluster);
+    let running = installer.start();
+    let path = installer.kubeconfig();
+    let start = Instant::now();
+    while !std::fs::read_to_string(&path).is_ok_and(|t| t.contains("certificate-authority-data")) {
+        assert!(start.elapsed() < Duration::from_secs(20), "install-cni wrote no kubeconfig:\n{}", running.log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Starts the proxy with the node's kubeconfig and, when given, that mesh CA.
+fn start_proxy(cluster: &Cluster, agent: &NodeAgent, dir: &Path, ca_dir: Option<&Path>) -> Proxy {
     let kubeconfig = dir.join("kubeconfig").display().to_string();
-    let env = [("KUBECONFIG", kubeconfig.as_str()), ("LOG_LEVEL", QUIET)];
+    let ca = ca_dir.map(|d| d.display().to_string());
+    let mut env = vec![("KUBECONFIG", kubeconfig.as_str()), ("LOG_LEVEL", QUIET)];
+    if let Some(ca) = &ca {
+        env.push(("CA_DIR", ca.as_str()));
+    }
     Proxy::start(cluster, agent, dir, &dir.join("workloads.yaml"), &env)
 }

@@ -14,6 +14,7 @@ use tests::{Cluster, NetworkConfigList};
 use crate::attach::timed_add;
 use crate::pod_rules::fresh_netns;
 use crate::report::Section;
+use crate::scene::install_kubeconfig;
 use crate::stats::{ratio, us, Summary};
 use crate::Counts;
 
@@ -55,6 +56,7 @@ pub fn run(counts: Counts) -> Section {
     let clusters: Vec<(RuleBackend, Cluster)> =
         RuleBackend::ALL.iter().map(|b| (*b, Cluster::with_backend(*b))).collect();
     for (_, c) in &clusters {
+        install_kubeconfig(c);
         c.create(&sidecar_pod(NS, POD));
     }
     let list = |v| NetworkConfigList::from_value(v).expect("valid conflist");
@@ -134,7 +136,8 @@ fn table(contenders: &[Contender], sums: &[Summary], counts: Counts) -> String {
     s.push_str(&verdicts);
     s.push_str(
         "\nThe added cost is the whole plugin process: exec, reading the netconf, one GET of the pod from the API \
-         server (plain HTTP to the fake API here; a real cluster adds TLS), the decision, and the rules. Istio's \
+         server (with the kubeconfig install-cni writes: token and cluster CA; the fake API speaks plain HTTP, a real \
+         cluster adds a TLS handshake), the decision, and the rules. Istio's \
          plugin pays the same exec and API call before its `iptables-restore` exec.\n",
     );
     s
