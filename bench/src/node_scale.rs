@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tests::hbone_proxy::METRICS_PORT;
 use tests::mesh::RuleBackend;
-use tests::node_agent::{uid, NodeAgent};
+use tests::node_agent::uid;
 use tests::pod_process::PodProcess;
 
 use crate::report::Section;
@@ -75,12 +75,8 @@ pub fn run(counts: Counts) -> Section {
         .collect();
 
     println!("node-scale: restarting the node agent");
-    node.agent.kill();
-    let socket = node.agent.zds_socket().display().to_string();
     let start = Instant::now();
-    let agent = NodeAgent::start(&node.cluster, &[("LOG_LEVEL", "warn"), ("ZTUNNEL_UDS_ADDRESS", &socket)]);
-    let agent_ready = start.elapsed();
-    let old_agent = std::mem::replace(&mut node.agent, agent);
+    let agent_ready = node.restart_agent();
     let agent_restored = until(start, "the restarted agent holds every pod", || {
         gauge(&node.agent.metrics(), "nodeagent_enrolled_pods") == Some(n as f64)
     });
@@ -124,6 +120,5 @@ pub fn run(counts: Counts) -> Section {
     println!("node-scale: tearing down {n} pods");
     drop(processes);
     drop(pods);
-    drop(old_agent);
     Section { name: "node-scale", title: format!("Node scale: {n} pods on one node"), body }
 }

@@ -32,6 +32,10 @@ pub struct AmbientNode {
     pub proxy_dir: TempDir,
     /// The shared mesh CA the proxy uses, if not its own.
     ca_dir: Option<PathBuf>,
+    /// The ZDS socket of the first agent, which every later agent and proxy use.
+    zds_socket: PathBuf,
+    /// Agents replaced by a restart: their scratch dir holds the ZDS socket, so they stay until the end.
+    retired: Vec<NodeAgent>,
     /// Node netns, bridge, runtime and fake API.
     pub cluster: Cluster,
 }
@@ -59,16 +63,30 @@ impl AmbientNode {
         let kubeconfig = proxy_dir.path().join("kubeconfig");
         cluster.api.write_kubeconfig(&kubeconfig).expect("proxy kubeconfig");
         let ca_dir = ca_dir.map(Path::to_path_buf);
-        let proxy = start_proxy(&cluster, &agent, proxy_dir.path(), ca_dir.as_deref());
-        AmbientNode { proxy, agent, list, proxy_dir, ca_dir, cluster }
+        let zds_socket = agent.zds_socket();
+        let proxy = start_proxy(&cluster, &agent, &zds_socket, proxy_dir.path(), ca_dir.as_deref());
+        AmbientNode { proxy, agent, list, proxy_dir, ca_dir, zds_socket, retired: Vec::new(), cluster }
     }
 
     /// Restarts the proxy (killed first), returning how long the new one took to be ready.
     pub fn restart_proxy(&mut self) -> Duration {
         self.proxy.stop();
         let start = Instant::now();
-        self.proxy = start_proxy(&self.cluster, &self.agent, self.proxy_dir.path(), self.ca_dir.as_deref());
+        self.proxy =
+            start_proxy(&self.cluster, &self.agent, &self.zds_socket, self.proxy_dir.path(), self.ca_dir.as_deref());
         start.elapsed()
+    }
+
+    /// Kills the agent (SIGKILL, as a crash) and starts a new one on the same ZDS socket, returning how long the
+    /// new one took to report ready.
+    pub fn restart_agent(&mut self) -> Duration {
+        self.agent.kill();
+        let socket = self.zds_socket.display().to_string();
+        let start = Instant::now();
+        let agent = NodeAgent::start(&self.cluster, &[("LOG_LEVEL", QUIET), ("ZTUNNEL_UDS_ADDRESS", &socket)]);
+        let ready = start.elapsed();
+        self.retired.push(std::mem::replace(&mut self.agent, agent));
+        ready
     }
 
     /// Stores ambient pod `name` (service account `name`) and creates it through the runtime; returns the
@@ -113,11 +131,13 @@ pub fn install_kubeconfig(cluster: &Cluster) {
     }
 }
 
-/// Starts the proxy with the node's kubeconfig and, when given, that mesh CA.
-fn start_proxy(cluster: &Cluster, agent: &NodeAgent, dir: &Path, ca_dir: Option<&Path>) -> Proxy {
+/// Starts the proxy on the ZDS socket `zds` (which `agent` or a successor serves; `INPOD_UDS` overrides the
+/// agent's own path), with the node's kubeconfig and, when given, that mesh CA.
+fn start_proxy(cluster: &Cluster, agent: &NodeAgent, zds: &Path, dir: &Path, ca_dir: Option<&Path>) -> Proxy {
     let kubeconfig = dir.join("kubeconfig").display().to_string();
     let ca = ca_dir.map(|d| d.display().to_string());
-    let mut env = vec![("KUBECONFIG", kubeconfig.as_str()), ("LOG_LEVEL", QUIET)];
+    let zds = zds.display().to_string();
+    let mut env = vec![("KUBECONFIG", kubeconfig.as_str()), ("LOG_LEVEL", QUIET), ("INPOD_UDS", zds.as_str())];
     if let Some(ca) = &ca {
         env.push(("CA_DIR", ca.as_str()));
     }
