@@ -374,6 +374,35 @@ fn trial_ca_is_a_complete_cacerts_secret_and_says_it_is_for_trials() {
         .unwrap()
         .contains("do not use in production"));
 
+    // The real proxy loads it as its mesh CA and goes on to wait for the node agent (a bad CA makes it exit).
+    let ca_dir = tempfile::tempdir().expect("CA dir");
+    for key in ["ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem"] {
+        std::fs::write(ca_dir.path().join(key), pem(key)).expect("write CA file");
+    }
+    let log = ca_dir.path().join("proxy.log");
+    let mut proxy = Command::new(tests::bins::path("hbone-proxy"));
+    proxy
+        .env_clear()
+        .env("CA_DIR", ca_dir.path())
+        .env("INPOD_UDS", ca_dir.path().join("no-node-agent.sock"))
+        .env("KUBE_WORKLOADS", "false")
+        .env("LISTEN_ADDRESS", "127.0.0.1")
+        .env("READINESS_PORT", "0")
+        .env("MONITORING_PORT", "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut proxy = KillOnDrop(proxy.spawn().expect("spawn hbone-proxy"));
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    tests::wait::eventually_or(
+        "hbone-proxy loads the trial CA and waits for the node agent",
+        || {
+            let exited = proxy.0.try_wait().expect("wait").is_some();
+            assert!(!exited, "hbone-proxy exited:\n{}", read_log());
+            read_log().contains("cannot reach the node agent").then_some(())
+        },
+        read_log,
+    );
+
     let notes = output(
         chart::helm()
             .args(["install", "istio-cni", "--dry-run=client", "-n", "istio-system"])
@@ -390,4 +419,14 @@ fn volume(r: &Rendered, daemonset: &str, name: &str) -> Value {
         .into_iter()
         .find(|v| v["name"] == name)
         .unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+/// A child process killed when the test ends, also on panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
