@@ -26,7 +26,25 @@ pub async fn handle(pod: Arc<PodContext>, mut app: TcpStream, peer: SocketAddr) 
             return;
         }
     };
-    let destination = pod.mesh.directory.lookup(dst.ip()).filter(|d| d.workload.protocol == Protocol::Hbone);
+    let listed = pod.mesh.directory.lookup(dst.ip());
+    if listed.as_ref().is_some_and(|d| d.workload.protocol != Protocol::Hbone && d.workload.require_mtls) {
+        // Never in plaintext: the app's connection is reset instead of being passed through.
+        sockets::reset(app);
+        pod.mesh.metrics.opened(Direction::Outbound, "TCP");
+        pod.mesh.metrics.closed(Direction::Outbound, "TCP", 0, 0);
+        tracing::info!(
+            target: "access",
+            direction = "outbound",
+            protocol = "TCP",
+            src.addr = %peer,
+            src.identity = %pod.cert().identity(),
+            dst.addr = %dst,
+            error = "destination requires mTLS but does not speak HBONE: refused",
+            "connection complete"
+        );
+        return;
+    }
+    let destination = listed.filter(|d| d.workload.protocol == Protocol::Hbone);
     let (protocol, dst_identity) = match &destination {
         Some(d) => ("HBONE", d.identity.to_string()),
         None => ("TCP", String::new()),

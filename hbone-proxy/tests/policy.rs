@@ -1,5 +1,7 @@
 //! Mesh policy in the real `hbone-proxy` (real node agent, pods through the fake CNI runtime): `MTLS_MODE=STRICT`
-//! refuses plaintext inbound connections captured on 15006 (`PERMISSIVE`, the default, forwards them).
+//! refuses plaintext inbound connections captured on 15006 (`PERMISSIVE`, the default, forwards them), and a
+//! destination the local workloads file marks `requireMtls: true` but which does not speak HBONE is refused
+//! instead of being reached in plaintext.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -7,13 +9,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::json;
+
 use tests::mesh::plain_pod;
-use tests::node_agent::ambient_conflist;
+use tests::node_agent::{ambient_conflist, uid};
 use tests::wait::eventually;
 use tests::{Cluster, Pod};
 
 mod support;
-use support::{listening, Proxy, Scene, APP_PORT, NS};
+use support::{listen_on, listening, workload, write_workloads, Proxy, Scene, APP_PORT, NS};
 
 const HELLO: &[u8] = b"hello through the mesh";
 
@@ -67,7 +71,8 @@ fn strict_mtls_mode_refuses_plaintext_inbound_and_permissive_forwards_it() {
     let refused = say_hello(&outsider, &scene.b);
     assert!(refused.as_ref().map_or(true, Vec::is_empty), "plaintext got through in STRICT mode: {refused:?}");
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "B's app never saw the plaintext connection");
-    assert!(scene.proxy.log().contains("plaintext refused: MTLS_MODE=STRICT"), "the access log tells");
+    let logged = "plaintext refused: MTLS_MODE=STRICT";
+    eventually("the access log tells", || scene.proxy.log().contains(logged).then_some(()));
     assert_eq!(say_hello(&scene.a, &scene.b).expect("A over HBONE"), HELLO, "mesh traffic still flows");
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 
@@ -76,4 +81,35 @@ fn strict_mtls_mode_refuses_plaintext_inbound_and_permissive_forwards_it() {
     scene.proxy = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
     assert_eq!(say_hello(&outsider, &scene.b).expect("plaintext in PERMISSIVE mode"), HELLO);
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "PERMISSIVE (the default) forwards plaintext to the app");
+}
+
+#[test]
+fn a_destination_that_requires_mtls_but_is_not_in_the_mesh_is_refused_not_reached_in_plaintext() {
+    let scene = scene(&[]);
+    let outsider = plain_member(&scene.cluster, "c");
+    let accepted = echo_app(listen_on(&outsider, APP_PORT));
+    let listing = |require_mtls: bool| {
+        let c = json!({
+            "uid": uid(&scene.cluster, NS, "c"), "name": "c", "namespace": NS, "workloadIps": [outsider.ip],
+            "protocol": "TCP", "requireMtls": require_mtls, "node": "node-1",
+        });
+        vec![
+            workload(&scene.cluster, "a", "a-sa", scene.a.ip.into(), "node-1"),
+            workload(&scene.cluster, "b", "b-sa", scene.b.ip.into(), "node-1"),
+            c,
+        ]
+    };
+    write_workloads(&scene.proxy, &scene.workloads(), listing(false));
+    assert_eq!(
+        say_hello(&scene.a, &outsider).expect("passthrough"),
+        HELLO,
+        "a plain TCP destination is passed through"
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+    write_workloads(&scene.proxy, &scene.workloads(), listing(true));
+    let refused = say_hello(&scene.a, &outsider);
+    assert!(refused.as_ref().map_or(true, Vec::is_empty), "reached in plaintext despite requireMtls: {refused:?}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "C's app never saw the refused connection");
+    eventually("the access log tells", || scene.proxy.log().contains("requires mTLS").then_some(()));
 }

@@ -98,6 +98,7 @@ fn workload(pod: &Pod) -> Option<(String, Workload)> {
         workload_ips,
         protocol: Protocol::Hbone,
         node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        require_mtls: false,
     };
     Some((uid, workload))
 }

@@ -54,7 +54,10 @@ pub fn watch(path: &Path, directory: Directory) -> Result<RecommendedWatcher, Lo
     let file = path.to_path_buf();
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-        Ok(event) if event.paths.iter().any(|p| p.file_name() == file.file_name()) => reload(&file, &directory),
+        // Reading the file raises access events of its own: reacting to those would reload in a loop.
+        Ok(event) if !event.kind.is_access() && event.paths.iter().any(|p| p.file_name() == file.file_name()) => {
+            reload(&file, &directory)
+        }
         Ok(_) => {}
         Err(error) => tracing::warn!(%error, "watching the local workloads file"),
     })

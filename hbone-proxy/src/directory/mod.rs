@@ -52,6 +52,10 @@ pub struct Workload {
     /// The node it runs on.
     #[serde(default)]
     pub node: String,
+    /// Our key, not ztunnel's: a destination that is not HBONE but must never be reached in plaintext. Outbound
+    /// connections to it are refused rather than passed through.
+    #[serde(default)]
+    pub require_mtls: bool,
 }
 
 fn default_service_account() -> String {
@@ -142,6 +146,7 @@ mod tests {
             workload_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
             protocol,
             node: "node-1".into(),
+            require_mtls: false,
         }
     }
 
