@@ -57,23 +57,26 @@ pub fn convert(prev: &Value, to: Version) -> Result<Value, CniError> {
             }
         }
     }
+    // Checked for every version, so a malformed result is refused whatever version the request asks for.
+    for list in ["interfaces", "routes"] {
+        if out.get(list).is_some_and(|items| !items.is_array()) {
+            return Err(decode_err(format!("prevResult.{list} is not a list")));
+        }
+    }
     if to < Version(1, 1, 0) {
-        strip(&mut out, "interfaces", &IFACE_KEYS_1_1)?;
-        strip(&mut out, "routes", &ROUTE_KEYS_1_1)?;
+        strip(&mut out, "interfaces", &IFACE_KEYS_1_1);
+        strip(&mut out, "routes", &ROUTE_KEYS_1_1);
     }
     Ok(Value::Object(out))
 }
 
-fn strip(out: &mut Map<String, Value>, list: &str, keys: &[&str]) -> Result<(), CniError> {
-    if let Some(items) = out.get_mut(list) {
-        let items = items.as_array_mut().ok_or_else(|| decode_err(format!("prevResult.{list} is not a list")))?;
-        for item in items.iter_mut().filter_map(Value::as_object_mut) {
-            for k in keys {
-                item.remove(*k);
-            }
+fn strip(out: &mut Map<String, Value>, list: &str, keys: &[&str]) {
+    let items = out.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten();
+    for item in items.filter_map(Value::as_object_mut) {
+        for k in keys {
+            item.remove(*k);
         }
     }
-    Ok(())
 }
 
 /// Converts the pre-0.3.0 `ip4`/`ip6` shape into `ips` and `routes`.
@@ -165,6 +168,17 @@ mod tests {
     fn bad_shapes_are_decoding_errors() {
         for bad in [json!([]), json!({"ips": 3}), json!({"ips": [{"gateway": "x"}]}), json!({"ips": ["x"]})] {
             assert_eq!(convert(&bad, Version(1, 0, 0)).unwrap_err().code, 6, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_list_that_is_not_a_list_is_refused_for_every_version() {
+        // Found by the plugin_netconf fuzz target: accepted for 1.1.0, refused only when converting down.
+        let prev = json!({"cniVersion": "1.1.0", "interfaces": {"nameservers": ["10.0.0.10"]}});
+        let routes = json!({"cniVersion": "1.1.0", "routes": {"dst": "0.0.0.0/0"}});
+        for to in crate::SUPPORTED_VERSIONS.map(|v| Version::parse(v).unwrap()) {
+            assert_eq!(convert(&prev, to).unwrap_err().code, 6, "{to}");
+            assert_eq!(convert(&routes, to).unwrap_err().code, 6, "{to}");
         }
     }
 

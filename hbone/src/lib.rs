@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod ca;
+mod connect;
 mod counting;
 pub mod headers;
 pub mod identity;

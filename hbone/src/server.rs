@@ -7,19 +7,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, Method, Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinSet;
 
+pub use crate::connect::{check_connect, ILLEGAL_TARGET_PORTS};
 use crate::identity::Identity;
 use crate::keepalive::{self, Keepalive};
 use crate::settings;
 use crate::stream::H2Stream;
 use crate::tls::Accepted;
-
-/// Targets that would loop traffic back into the proxy itself: outbound capture, inbound plaintext
-/// capture and HBONE.
-pub const ILLEGAL_TARGET_PORTS: [u16; 3] = [15001, 15006, 15008];
 
 /// A CONNECT request that passed the protocol checks, as the handler sees it.
 #[derive(Debug, Clone)]
@@ -151,23 +148,6 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Checks a CONNECT request against the HBONE rules, returning the target or the status to refuse with.
-fn check(request: &http::Request<h2::RecvStream>, local: SocketAddr) -> Result<SocketAddr, StatusCode> {
-    if request.method() != Method::CONNECT {
-        return Err(StatusCode::BAD_REQUEST);
-    }
-    let authority: SocketAddr =
-        request.uri().authority().and_then(|a| a.as_str().parse().ok()).ok_or(StatusCode::BAD_REQUEST)?;
-    let authority = SocketAddr::new(authority.ip().to_canonical(), authority.port());
-    if authority.ip() != local.ip() {
-        return Err(StatusCode::BAD_REQUEST);
-    }
-    if ILLEGAL_TARGET_PORTS.contains(&authority.port()) {
-        return Err(StatusCode::SERVICE_UNAVAILABLE);
-    }
-    Ok(authority)
-}
-
 async fn tunnel<H: ConnectHandler>(
     request: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<bytes::Bytes>,
@@ -181,7 +161,7 @@ async fn tunnel<H: ConnectHandler>(
             tracing::debug!(%peer, error = %e, "could not send HBONE refusal");
         }
     };
-    let authority = match check(&request, local) {
+    let authority = match check_connect(request.method(), request.uri(), local) {
         Ok(authority) => authority,
         Err(status) => {
             tracing::info!(%peer, method = %request.method(), uri = %request.uri(), %status, "refused HBONE request");

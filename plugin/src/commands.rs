@@ -63,7 +63,7 @@ pub fn run(env: &HashMap<String, String>, stdin: Vec<u8>) -> Result<Option<Strin
         }
         Command::Check => {
             needs(Version(0, 4, 0))?;
-            check(&inv, &conf).map(|_| None)
+            check(&inv, &conf, version).map(|_| None)
         }
         Command::Status => {
             needs(Version(1, 1, 0))?;
@@ -166,10 +166,12 @@ fn redirect_sidecar(
     Ok(())
 }
 
-fn check(inv: &Invocation, conf: &PluginConf) -> Result<(), CniError> {
-    if conf.prev_result.is_none() {
+fn check(inv: &Invocation, conf: &PluginConf, version: Version) -> Result<(), CniError> {
+    let Some(prev) = &conf.prev_result else {
         return Err(CniError::new(ErrorCode::InvalidConfig, "CHECK needs a prevResult"));
-    }
+    };
+    // A prevResult that does not even decode is not an attachment we can vouch for (decoding error, as in ADD).
+    cni::result::convert(prev, version)?;
     Netns::open(&inv.netns)
         .map_err(|e| CniError::new(ErrorCode::InvalidEnv, format!("CNI_NETNS {:?} is not usable: {e}", inv.netns)))?;
     Ok(())

@@ -4,19 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
-use serde::Deserialize;
 
-use super::{Directory, Workload};
+use super::{parse_local_config, Directory, Workload};
 
 /// The name this source's entries are kept under in the [`Directory`].
 pub const SOURCE: &str = "local-file";
-
-/// The subset of ztunnel's local config the proxy reads; other keys (services, policies) are ignored.
-#[derive(Debug, Default, Deserialize)]
-struct LocalConfig {
-    #[serde(default)]
-    workloads: Vec<Workload>,
-}
 
 /// Why the local workloads file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -86,12 +78,7 @@ fn load(path: &Path) -> Result<Vec<Workload>, LocalFileError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => return Err(LocalFileError::Read { path: path.to_path_buf(), source }),
     };
-    if text.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    let config: LocalConfig =
-        serde_yaml::from_str(&text).map_err(|source| LocalFileError::Parse { path: path.to_path_buf(), source })?;
-    Ok(config.workloads)
+    parse_local_config(&text).map_err(|source| LocalFileError::Parse { path: path.to_path_buf(), source })
 }
 
 #[cfg(test)]

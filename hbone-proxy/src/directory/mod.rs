@@ -6,61 +6,15 @@
 
 pub mod kube_source;
 pub mod local_file;
+mod workload;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
 use hbone::Identity;
-use serde::Deserialize;
 
-/// How a workload accepts traffic (ztunnel's `protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Protocol {
-    /// Mutual TLS HTTP/2 CONNECT on port 15008.
-    Hbone,
-    /// Plain TCP: not in the mesh.
-    #[default]
-    Tcp,
-}
-
-/// One workload as ztunnel's local config describes it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Workload {
-    /// Unique id of the workload.
-    #[serde(default)]
-    pub uid: String,
-    /// Pod name.
-    #[serde(default)]
-    pub name: String,
-    /// Kubernetes namespace.
-    pub namespace: String,
-    /// Service account; Kubernetes' `default` when absent.
-    #[serde(default = "default_service_account")]
-    pub service_account: String,
-    /// Trust domain; the proxy's own when absent.
-    #[serde(default)]
-    pub trust_domain: String,
-    /// The workload's addresses.
-    #[serde(default)]
-    pub workload_ips: Vec<IpAddr>,
-    /// How it accepts traffic.
-    #[serde(default)]
-    pub protocol: Protocol,
-    /// The node it runs on.
-    #[serde(default)]
-    pub node: String,
-    /// Our key, not ztunnel's: a destination that is not HBONE but must never be reached in plaintext. Outbound
-    /// connections to it are refused rather than passed through.
-    #[serde(default)]
-    pub require_mtls: bool,
-}
-
-fn default_service_account() -> String {
-    "default".to_owned()
-}
+pub use workload::{parse_local_config, Protocol, Workload};
 
 /// A destination found in the directory.
 #[derive(Debug, Clone)]

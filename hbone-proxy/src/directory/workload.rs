@@ -1,0 +1,70 @@
+//! What a workload is, as ztunnel's local config describes it, and the parser of that YAML file.
+//!
+//! Kept free of the proxy's runtime (no watcher, no directory) so the fuzz target compiles this very file.
+
+use std::net::IpAddr;
+
+use serde::Deserialize;
+
+/// How a workload accepts traffic (ztunnel's `protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    /// Mutual TLS HTTP/2 CONNECT on port 15008.
+    Hbone,
+    /// Plain TCP: not in the mesh.
+    #[default]
+    Tcp,
+}
+
+/// One workload as ztunnel's local config describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Workload {
+    /// Unique id of the workload.
+    #[serde(default)]
+    pub uid: String,
+    /// Pod name.
+    #[serde(default)]
+    pub name: String,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Service account; Kubernetes' `default` when absent.
+    #[serde(default = "default_service_account")]
+    pub service_account: String,
+    /// Trust domain; the proxy's own when absent.
+    #[serde(default)]
+    pub trust_domain: String,
+    /// The workload's addresses.
+    #[serde(default)]
+    pub workload_ips: Vec<IpAddr>,
+    /// How it accepts traffic.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// The node it runs on.
+    #[serde(default)]
+    pub node: String,
+    /// Our key, not ztunnel's: a destination that is not HBONE but must never be reached in plaintext. Outbound
+    /// connections to it are refused rather than passed through.
+    #[serde(default)]
+    pub require_mtls: bool,
+}
+
+fn default_service_account() -> String {
+    "default".to_owned()
+}
+
+/// The subset of ztunnel's local config the proxy reads; other keys (services, policies) are ignored.
+#[derive(Debug, Default, Deserialize)]
+struct LocalConfig {
+    #[serde(default)]
+    workloads: Vec<Workload>,
+}
+
+/// Parses the local workloads file's text; an empty (or all-blank) file holds no workloads.
+pub fn parse_local_config(text: &str) -> Result<Vec<Workload>, serde_yaml::Error> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(serde_yaml::from_str::<LocalConfig>(text)?.workloads)
+}
