@@ -55,7 +55,7 @@ fn demo_shows_a_whole_node_and_leaves_nothing_behind() {
         "HBONE (mTLS to ",
         ":15008): spiffe://cluster.local/ns/shop/sa/frontend -> spiffe://cluster.local/ns/shop/sa/backend",
         "bytes: 1048576 sent, 1048576 echoed back",
-        "connect latency: ",
+        "connect latency: HBONE connect ",
         "teardown: done; 3 processes stopped",
         "demo OK",
     ] {

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tests::hbone_proxy::Proxy;
+use tests::hbone_proxy::{Proxy, METRICS_PORT};
 use tests::install_cni::Installer;
 use tests::mesh::sidecar_pod;
 use tests::node_agent::{ambient_pod, namespace, redirection, uid, NodeAgent};
@@ -119,7 +119,7 @@ pub fn run() -> Result<(), Stop> {
         proxy.log().contains("workload directory updated source=\"kubernetes\" addresses=2").then_some(())
     })?;
 
-    show_traffic(&proxy, client, server)?;
+    show_traffic(&cluster, &proxy, client, server)?;
     checkpoint()?;
     println!("teardown: deleting pods, stopping processes, removing namespaces and temp dirs");
     Ok(())
@@ -127,7 +127,7 @@ pub fn run() -> Result<(), Stop> {
 
 /// The client app in the client pod echoes a payload through the server app; prints what the proxies logged about
 /// the connection (identities, bytes) and what the app measured, and checks they agree.
-fn show_traffic(proxy: &Proxy, client: &Pod, server: &Pod) -> Result<(), Stop> {
+fn show_traffic(cluster: &Cluster, proxy: &Proxy, client: &Pod, server: &Pod) -> Result<(), Stop> {
     let app = traffic::echo_app(&server.netns, APP_PORT)?;
     let exchange = traffic::echo(&client.netns, SocketAddr::from((server.ip, APP_PORT)), PAYLOAD, app)?;
     let (outbound, inbound) = wait_for("both proxies logged the connection", LIMIT, || {
@@ -142,8 +142,17 @@ fn show_traffic(proxy: &Proxy, client: &Pod, server: &Pod) -> Result<(), Stop> {
          the server app saw the client's own IP {}",
         outbound.bytes_received, outbound.bytes_sent, inbound.bytes_received, inbound.bytes_sent, exchange.server_saw
     ));
+    let node = cluster.node.netns().path();
+    let handshake = wait_for("the proxy's HBONE connect histogram counts the connection", LIMIT, || {
+        let (status, body) = tests::http::get(&node, METRICS_PORT, "/metrics").ok()?;
+        let value = |name: &str| body.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok());
+        let count = value("hbone_connect_duration_seconds_count ")?;
+        (status == 200 && count >= 1.0).then_some(value("hbone_connect_duration_seconds_sum ")? / count)
+    })?;
     detail(format_args!(
-        "connect latency: {:.1} ms to the first echoed byte (tunnel setup included); {} KiB echoed in {:.1} ms",
+        "connect latency: HBONE connect {:.1} ms (proxy's hbone_connect_duration_seconds), first echoed byte after \
+         {:.1} ms; {} KiB echoed in {:.1} ms",
+        handshake * 1e3,
         exchange.first_echo.as_secs_f64() * 1e3,
         exchange.bytes / 1024,
         exchange.total.as_secs_f64() * 1e3
