@@ -41,50 +41,84 @@ pub enum DiscoverError {
 ///
 /// This blocks (it reads every process's files and enters candidate namespaces); call it off async threads.
 pub fn find_pod_netns(proc_dir: &Path, pod_uid: &str, pod_ips: &[IpAddr]) -> Result<Option<Netns>, DiscoverError> {
-    if pod_uid.is_empty() || pod_ips.is_empty() {
-        return Ok(None);
+    let mut found = find_pods_netns(proc_dir, &[(pod_uid, pod_ips)])?;
+    Ok(found.remove(pod_uid))
+}
+
+/// [`find_pod_netns`] for many pods in one pass over `proc_dir`: every process's cgroup file is read once,
+/// however many pods are asked for (a node agent restarting on a node with hundreds of pods would otherwise
+/// read every process once per pod). Pods without a qualifying netns are absent from the map.
+pub fn find_pods_netns(proc_dir: &Path, pods: &[(&str, &[IpAddr])]) -> Result<HashMap<String, Netns>, DiscoverError> {
+    let wanted: HashMap<String, (&str, &[IpAddr])> = pods
+        .iter()
+        .filter(|(uid, ips)| !uid.is_empty() && !ips.is_empty())
+        .map(|(uid, ips)| (uid.replace('_', "-"), (*uid, *ips)))
+        .collect();
+    let mut out = HashMap::new();
+    if wanted.is_empty() {
+        return Ok(out);
     }
     let mut host_ids = vec![Netns::current().map_err(DiscoverError::OwnNetns)?.id()];
     if let Ok(init) = Netns::open(proc_dir.join("1/ns/net")) {
         host_ids.push(init.id());
     }
 
-    let mut candidates = pod_processes(proc_dir, pod_uid)?;
-    candidates.sort_unstable();
-    // Containers of one pod share the sandbox netns: check each namespace's addresses once.
-    let mut checked: HashMap<(u64, u64), bool> = HashMap::new();
-    for (start_time, pid) in candidates {
-        let pid_dir = proc_dir.join(pid.to_string());
-        let Ok(ns) = Netns::open(pid_dir.join("ns/net")) else { continue };
-        // The pid may have been reused between reading its stat and opening its netns.
-        if start_time_of(&pid_dir) != Some(start_time) || host_ids.contains(&ns.id()) {
-            continue;
-        }
-        let holds_ip = *checked.entry(ns.id()).or_insert_with(|| holds_any(&ns, pod_ips));
-        if holds_ip {
-            return Ok(Some(ns));
+    for (uid, mut candidates) in pod_processes(proc_dir, &wanted)? {
+        let ips = wanted[&uid.replace('_', "-")].1;
+        candidates.sort_unstable();
+        // Containers of one pod share the sandbox netns: check each namespace's addresses once.
+        let mut checked: HashMap<(u64, u64), bool> = HashMap::new();
+        for (start_time, pid) in candidates {
+            let pid_dir = proc_dir.join(pid.to_string());
+            let Ok(ns) = Netns::open(pid_dir.join("ns/net")) else { continue };
+            // The pid may have been reused between reading its stat and opening its netns.
+            if start_time_of(&pid_dir) != Some(start_time) || host_ids.contains(&ns.id()) {
+                continue;
+            }
+            if *checked.entry(ns.id()).or_insert_with(|| holds_any(&ns, ips)) {
+                out.insert(uid.to_owned(), ns);
+                break;
+            }
         }
     }
-    Ok(None)
+    Ok(out)
 }
 
-/// `(start_time, pid)` of every process whose cgroup names the pod.
-fn pod_processes(proc_dir: &Path, pod_uid: &str) -> Result<Vec<(u64, u32)>, DiscoverError> {
+/// `(start_time, pid)` of every process whose cgroup names one of the `wanted` pods (keyed by dashed UID), by
+/// the pod's UID as the caller spelled it.
+fn pod_processes<'a>(
+    proc_dir: &Path,
+    wanted: &HashMap<String, (&'a str, &[IpAddr])>,
+) -> Result<HashMap<&'a str, Vec<(u64, u32)>>, DiscoverError> {
     let entries =
         fs::read_dir(proc_dir).map_err(|source| DiscoverError::ListProc { path: proc_dir.to_path_buf(), source })?;
-    let mut found = Vec::new();
+    let mut found: HashMap<&str, Vec<(u64, u32)>> = HashMap::new();
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let pid_dir = entry.path();
         let Ok(cgroups) = fs::read_to_string(pid_dir.join("cgroup")) else { continue };
-        if !cgroup_names_pod(&cgroups, pod_uid) {
-            continue;
-        }
+        let named = pod_uids_named(&cgroups).filter_map(|candidate| wanted.get(&candidate).map(|(uid, _)| *uid));
+        let Some(uid) = named.into_iter().find(|uid| cgroup_names_pod(&cgroups, uid)) else { continue };
         if let Some(start_time) = start_time_of(&pid_dir) {
-            found.push((start_time, pid));
+            found.entry(uid).or_default().push((start_time, pid));
         }
     }
     Ok(found)
+}
+
+/// Every pod UID (dashed) a cgroup file's paths might name: the text after `pod` in a component that starts
+/// with it, or after the last `-pod` of a `.slice` component. A cheap pre-filter; [`cgroup_names_pod`] decides.
+fn pod_uids_named(cgroups: &str) -> impl Iterator<Item = String> + '_ {
+    cgroups.lines().filter_map(|line| line.splitn(3, ':').nth(2)).flat_map(|path| path.split('/')).filter_map(
+        |component| {
+            let component = component.split(':').next().unwrap_or(component);
+            let uid = match component.strip_suffix(".slice") {
+                Some(slice) => slice.strip_prefix("pod").or_else(|| slice.rsplit_once("-pod").map(|(_, u)| u))?,
+                None => component.strip_prefix("pod")?,
+            };
+            Some(uid.replace('_', "-"))
+        },
+    )
 }
 
 /// Whether any line of a `/proc/<pid>/cgroup` file (`id:controllers:path`) has a path component naming the pod.

@@ -256,3 +256,20 @@ fn start_time_not_pid_decides_in_a_fake_proc_tree() {
     let ns = find_pod_netns(proc_dir.path(), &uid, &[older_ns.ip]).unwrap().expect("a netns");
     assert_eq!(ns.id(), older_ns.id());
 }
+
+#[test]
+fn one_scan_finds_every_asked_pod_and_only_those() {
+    let (ns_a, ns_b) = (TestNetns::with_ip("10.250.5.2"), TestNetns::with_ip("10.250.5.3"));
+    let cgroup = PodCgroup::new();
+    let (uid_a, uid_b, absent) = (pod_uid(), pod_uid(), pod_uid());
+    let (a, b) = (Sleeper::start(Some(&ns_a)), Sleeper::start(Some(&ns_b)));
+    cgroup.add(&systemd_containerd(&uid_a, "aa"), a.pid());
+    cgroup.add(&cgroupfs_crio(&uid_b, "bb"), b.pid());
+
+    let (ips_a, ips_b) = ([ns_a.ip], [ns_b.ip]);
+    let asked: [(&str, &[IpAddr]); 3] = [(&uid_a, &ips_a), (&uid_b, &ips_b), (&absent, &ips_a)];
+    let found = netns::discover::find_pods_netns(Path::new("/proc"), &asked).expect("scan /proc");
+    assert_eq!(found.len(), 2, "only the two running pods: {:?}", found.keys().collect::<Vec<_>>());
+    assert_eq!(found[&uid_a].id(), ns_a.id());
+    assert_eq!(found[&uid_b].id(), ns_b.id());
+}

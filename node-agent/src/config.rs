@@ -48,6 +48,11 @@ pub struct Config {
     /// Where the host's /proc is mounted (netns discovery of running pods).
     #[arg(long, env = "HOST_PROC", default_value = "/proc")]
     pub host_proc: PathBuf,
+    /// The node's network namespace, where kubelet probes come from and the host probe rules go. Unset: the
+    /// agent's own (a hostNetwork pod). The chart runs the agent without hostNetwork and sets
+    /// `/host/proc/1/ns/net`.
+    #[arg(long, env = "HOST_NETNS")]
+    pub host_netns: Option<PathBuf>,
 }
 
 impl Config {

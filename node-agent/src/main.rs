@@ -59,8 +59,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         kubelet_uid: find_kubelet_uid(&config.host_proc).unwrap_or(0),
         ..HostProbeConfig::default()
     };
-    let hostprobe =
-        HostProbe::ensure(netns::Netns::current()?, backend, probe_config).context("host probe SNAT rules")?;
+    let host_netns = match &config.host_netns {
+        Some(path) => netns::Netns::open(path).with_context(|| format!("HOST_NETNS {}", path.display()))?,
+        None => netns::Netns::current()?,
+    };
+    let hostprobe = HostProbe::ensure(host_netns, backend, probe_config).context("host probe SNAT rules")?;
     let client = kube::Client::try_default().await.context("Kubernetes client")?;
     let zds = ZdsServer::bind(&config.ztunnel_uds_address, ServerConfig::default())
         .await

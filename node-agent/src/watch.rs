@@ -244,6 +244,28 @@ impl State {
             .ok_or_else(|| "netns not found through /proc".to_string())
     }
 
+    /// The netns of every pod in `pods`, found in one `/proc` scan (a scan per pod would read every process once
+    /// per pod: quadratic on a busy node). Pods not found, or a failed scan, are simply absent.
+    async fn find_all_netns(&self, pods: &[Pod]) -> std::collections::HashMap<String, netns::Netns> {
+        let proc_dir = self.config.host_proc.clone();
+        let asked: Vec<(String, Vec<IpAddr>)> = pods.iter().map(|p| (uid(p), pod_ips(p))).collect();
+        let scan = tokio::task::spawn_blocking(move || {
+            let borrowed: Vec<(&str, &[IpAddr])> = asked.iter().map(|(u, ips)| (u.as_str(), ips.as_slice())).collect();
+            netns::discover::find_pods_netns(&proc_dir, &borrowed)
+        });
+        match scan.await {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "scanning /proc for enrolled pods' netns");
+                Default::default()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the /proc scan task failed");
+                Default::default()
+            }
+        }
+    }
+
     /// After a restart: pods annotated as enrolled go back into the cache (their netns found through /proc), with
     /// their rules re-programmed when `AMBIENT_RECONCILE_POD_RULES_ON_STARTUP` asks for it; then every pod is
     /// reconciled once.
@@ -257,14 +279,15 @@ impl State {
             })
             .cloned()
             .collect();
+        let mut found = self.find_all_netns(&annotated).await;
         for pod in annotated {
             let ips = pod_ips(&pod);
-            let netns = self.find_netns(&pod, &ips).await;
-            if let Err(e) = &netns {
-                tracing::warn!(pod = %uid(&pod), error = %e, "enrolled pod's netns not found; the proxy gets Keep");
+            let netns = found.remove(&uid(&pod));
+            if netns.is_none() {
+                tracing::warn!(pod = %uid(&pod), "enrolled pod's netns not found through /proc; the proxy gets Keep");
             }
             let reprogram = self.config.ambient_reconcile_pod_rules_on_startup;
-            if let Err(e) = self.enroller.restore(&pod, netns.ok(), ips, reprogram).await {
+            if let Err(e) = self.enroller.restore(&pod, netns, ips, reprogram).await {
                 tracing::warn!(pod = %uid(&pod), error = %e, "restoring enrolled pod");
             }
         }

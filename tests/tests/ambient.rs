@@ -282,3 +282,17 @@ fn the_plugins_logs_show_up_in_the_agents_log() {
             .then_some(())
     });
 }
+
+/// Without hostNetwork (as the chart runs it) the agent's own netns is not the node's: `HOST_NETNS` names the
+/// node's, and the host probe rules go there, not into the agent's netns.
+#[test]
+fn host_probe_rules_go_into_the_host_netns_the_agent_is_given() {
+    let cluster = Cluster::with_backend(RuleBackend::Nftables);
+    let host = tests::NetnsGuard::new("host");
+    let host_path = host.path().display().to_string();
+    let _agent = NodeAgent::start(&cluster, &[("HOST_NETNS", &host_path)]);
+    let tables = |ns: &tests::NetnsGuard| ns.exec_ok(&["nft", "list", "tables"]);
+    assert!(tables(&host).contains("istio-ambient"), "host probe tables in HOST_NETNS: {}", tables(&host));
+    let own = tables(cluster.node.netns());
+    assert!(!own.contains("istio-ambient"), "nothing in the agent's own netns: {own}");
+}
