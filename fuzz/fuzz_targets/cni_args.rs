@@ -22,7 +22,8 @@ fuzz_target!(|text: &str| {
     assert_eq!(CniArgs::parse(&rendered), args, "re-parsing {rendered:?}");
     assert_eq!(args.pod_name(), args.all.get("K8S_POD_NAME").map(String::as_str).filter(|v| !v.is_empty()));
 
-    let env: HashMap<String, String> = VARS.iter().zip(text.split('\n')).map(|(k, v)| (k.to_string(), v.into())).collect();
+    let env: HashMap<String, String> =
+        VARS.iter().zip(text.split('\n')).map(|(k, v)| (k.to_string(), v.into())).collect();
     match Invocation::from_env(&env) {
         Ok(inv) => {
             let required: &[&str] = match inv.command {

@@ -77,7 +77,8 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     } else {
-        let kept: Vec<&Value> = original["plugins"].as_array().expect("a list").iter().filter(|p| !is_ours(p)).collect();
+        let kept: Vec<&Value> =
+            original["plugins"].as_array().expect("a list").iter().filter(|p| !is_ours(p)).collect();
         assert!(before.iter().all(|p| !is_ours(p)), "our entry appears once");
         assert_eq!(before.iter().collect::<Vec<_>>(), kept, "every other plugin is kept, in order");
         let mut top = original.as_object().expect("an object").clone();

@@ -4,8 +4,8 @@
 
 #![no_main]
 
-use fuzz::workload::parse_local_config;
 use fuzz::identity::Identity;
+use fuzz::workload::parse_local_config;
 use libfuzzer_sys::fuzz_target;
 
 const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
@@ -15,7 +15,10 @@ fuzz_target!(|text: &str| {
     for w in workloads {
         let td = if w.trust_domain.is_empty() { DEFAULT_TRUST_DOMAIN } else { &w.trust_domain };
         let Ok(id) = Identity::new(td, &w.namespace, &w.service_account) else { continue };
-        assert_eq!((id.trust_domain.as_str(), &id.namespace, &id.service_account), (td, &w.namespace, &w.service_account));
+        assert_eq!(
+            (id.trust_domain.as_str(), &id.namespace, &id.service_account),
+            (td, &w.namespace, &w.service_account)
+        );
         assert_eq!(id.to_string().parse::<Identity>().as_ref(), Ok(&id), "{id} does not parse back");
     }
 });
