@@ -451,6 +451,9 @@ fn add_in(c: &Cluster, netns: &Path, netconf: &Value, ifname: &str, stdin: Optio
     out
 }
 
+/// A rejected ADD: name, netconf, interface name, raw stdin (instead of the netconf), expected error code.
+type RejectedAdd = (&'static str, Value, &'static str, Option<Vec<u8>>, u64);
+
 #[test]
 fn a_rejected_add_of_a_sidecar_pod_leaves_no_rules_in_its_netns() {
     let c = Cluster::new();
@@ -471,7 +474,7 @@ fn a_rejected_add_of_a_sidecar_pod_leaves_no_rules_in_its_netns() {
         *conf.pointer_mut(pointer).unwrap() = value;
         conf
     };
-    let cases: Vec<(&str, Value, &str, Option<Vec<u8>>, u64)> = vec![
+    let cases: Vec<RejectedAdd> = vec![
         ("invalid prevResult", mutate("/prevResult/ips", json!("nope")), "eth0", None, 6),
         ("wrong field type", mutate("/native_nftables", json!("yes")), "eth0", None, 7),
         ("future version", mutate("/cniVersion", json!("2.0.0")), "eth0", None, 1),
