@@ -1,8 +1,8 @@
 //! Across-node acceptance: two node netns, each with its own real node agent, fake API server and real
 //! `hbone-proxy` (sharing one mesh CA, as the nodes of one mesh do), linked by a veth with a route to each
-//! other's pod subnet. Ambient pod A on node 1 exchanges data with ambient pod B on node 2: hashes match on both
-//! ends, B's app sees A's IP, both proxies count exactly the transferred bytes, and on the link between the nodes
-//! the payload crosses only on port 15008 as TLS.
+//! other's pod subnet. Ambient pod A on node 1 exchanges 1 GiB each way with ambient pod B on node 2: hashes match
+//! on both ends, B's app sees A's IP, both proxies count exactly the transferred bytes, and on the link between the
+//! nodes the payload crosses only on port 15008 as TLS.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -17,8 +17,8 @@ use support::capture::{payload_bytes, Capture};
 use support::traffic::{Payload, MARKER};
 use support::{ambient_member, connect_from, listen_on, metric, workload, write_workloads, Proxy, APP_PORT, NS, TD};
 
-/// Bytes each way in the large transfer (debug builds move about 10 MiB/s each way through two proxies).
-const PAYLOAD: u64 = 256 * 1024 * 1024;
+/// Bytes each way in the large transfer, as in the same-node acceptance test.
+const PAYLOAD: u64 = 1024 * 1024 * 1024;
 /// Bytes each way in the captured transfer.
 const CAPTURED: u64 = 8 * 1024 * 1024;
 /// The link between the nodes: its name on each node and the node addresses on it (only inside our netns).

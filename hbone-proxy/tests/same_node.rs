@@ -4,7 +4,7 @@
 //! tcpdump), and B's app sees A's IP as its peer.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tests::node_agent::uid;
 use tests::wait::eventually;
@@ -161,7 +161,13 @@ fn a_restarted_proxy_gets_the_pods_back_from_the_snapshot() {
     let mut scene = scene();
     scene.proxy.stop();
     eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15008)).then_some(()));
+    let app = scene.b_listener();
     scene.proxy = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
+    let ready = Instant::now();
+    let small = (Payload::new(5, 1024), Payload::new(6, 1024));
+    support::traffic::transfer(app, || scene.a_connects_to_b(), small.0, small.1);
+    let took = ready.elapsed();
+    assert!(took < Duration::from_secs(1), "a new connection worked only {took:?} after the proxy was ready");
     for pod in [&scene.a, &scene.b] {
         assert!(listening(&pod.netns, 15008), "listeners are back by the time the new proxy is ready");
     }
