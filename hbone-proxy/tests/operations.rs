@@ -51,6 +51,14 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs()
 }
 
+/// Seconds of the day from a log line's leading RFC 3339 timestamp (`2026-11-30T10:56:29.056138Z ...`).
+fn log_seconds(line: &str) -> f64 {
+    let time = line.split_whitespace().next().and_then(|t| t.split('T').nth(1)).expect("a timestamped line");
+    let mut parts = time.trim_end_matches('Z').split(':').map(|p| p.parse::<f64>().expect("a time field"));
+    let (h, m, s) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+    h * 3600.0 + m * 60.0 + s
+}
+
 fn readiness(scene: &Scene) -> Option<(u16, String)> {
     http_get(&scene.cluster.node.netns().path(), READY_PORT, "/healthz/ready")
 }
@@ -91,9 +99,11 @@ fn a_pod_whose_proxy_cannot_start_is_retried_every_5s_and_keeps_the_proxy_unread
     scene.proxy = Proxy::spawn(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
     let pending = "workload_manager_pending_proxy_count";
     eventually("B counted as pending", || (metric(&netns, pending)? == 1.0).then_some(()));
-    let (status, reason) = readiness(&scene).expect("GET /healthz/ready");
-    assert_eq!(status, 503, "not ready while a pod is pending: {reason}");
-    assert!(reason.contains("failed to start"), "the readiness reason says why: {reason}");
+    // Once the snapshot is applied, B being pending is what keeps the proxy unready.
+    eventually("/healthz/ready answers 503 because B failed to start", || {
+        let (status, reason) = readiness(&scene)?;
+        (status == 503 && reason.contains("failed to start")).then_some(())
+    });
     assert!(listening(&scene.a.netns, 15008), "A's proxy started regardless");
     let b_uid = uid(&scene.cluster, NS, "b");
     let dump = config_dump(&scene);
@@ -103,6 +113,10 @@ fn a_pod_whose_proxy_cannot_start_is_retried_every_5s_and_keeps_the_proxy_unread
     let failed = format!("pod proxy failed to start uid=\"{b_uid}\"");
     eventually("a retry that failed again", || (scene.proxy.log().matches(&failed).count() >= 2).then_some(()));
     assert_eq!(readiness(&scene).map(|(s, _)| s), Some(503), "still not ready");
+    let log = scene.proxy.log();
+    let attempts: Vec<f64> = log.lines().filter(|l| l.contains(&failed)).map(log_seconds).collect();
+    let gap = attempts[1] - attempts[0];
+    assert!((4.5..6.5).contains(&gap), "the retry came {gap:.2} s after the failed start, not about 5 s");
 
     drop(blocker);
     let freed = Instant::now();
