@@ -1,10 +1,13 @@
 //! Operating the real `hbone-proxy` (real node agent, pods through the fake CNI runtime): a pod whose proxy
 //! cannot start is retried every 5 s and keeps the proxy unready (pending gauge on 15020), `/config_dump` on
 //! 127.0.0.1:15000 shows the pods, identities and certificate expiry, the HBONE connect-latency histogram counts
-//! new connections, and leaf certificates rotate at half life without dropping connections.
+//! new connections, leaf certificates rotate at half life without dropping connections, and a new proxy takes over
+//! the pods' ports (SO_REUSEPORT) while the old one drains.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -86,6 +89,24 @@ fn echo_one(listener: TcpListener) {
         let _ = std::io::copy(&mut reader, &mut stream);
         let _ = stream.shutdown(Shutdown::Write);
     });
+}
+
+/// An echo server for any number of connections on `listener`; counts the connections it accepted.
+fn echo_many(listener: TcpListener) -> Arc<AtomicUsize> {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut reader = stream.try_clone().expect("clone socket");
+                let _ = std::io::copy(&mut reader, &mut stream);
+                let _ = stream.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    accepted
 }
 
 #[test]
@@ -194,4 +215,37 @@ fn leaf_certificates_rotate_at_half_life_without_dropping_open_connections() {
     let peer = exchange(&scene.a, &c);
     assert_eq!(peer.ip(), IpAddr::from(scene.a.ip), "a new connection after the old leaves expired works");
     assert!(scene.proxy.log().contains("workload certificate rotated"), "the log tells");
+}
+
+#[test]
+fn a_new_proxy_takes_over_the_pods_ports_while_the_old_one_drains() {
+    let mut scene = scene(&[("CONNECTION_TERMINATION_DEADLINE", "8s")]);
+    let accepted = echo_many(scene.b_listener());
+    let mut open = scene.a_connects_to_b();
+    echo(&mut open, b"through the old proxy");
+
+    // The new proxy shares the state dir (so the mesh CA) and, as a new pod would, binds the pods' ports next to
+    // the old listeners (SO_REUSEPORT); its own probe and admin ports differ only because both run in one netns.
+    let env = [("READINESS_PORT", "15121"), ("MONITORING_PORT", "15120"), ("ADMIN_PORT", "15100")];
+    let new = Proxy::spawn(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &env);
+    let netns = scene.cluster.node.netns().path();
+    eventually("the new proxy is ready: it runs both pods next to the old one", || {
+        (http_get(&netns, 15121, "/healthz/ready")?.0 == 200).then_some(())
+    });
+    let mut old = std::mem::replace(&mut scene.proxy, new);
+    let sent = old.terminate();
+    eventually("the old proxy drains", || old.log().contains("shutting down").then_some(()));
+
+    let mut fresh = scene.a_connects_to_b();
+    echo(&mut fresh, b"through the new proxy");
+    drop(fresh);
+    echo(&mut open, b"still through the old proxy while it drains");
+    open.shutdown(Shutdown::Write).expect("A's app is done");
+    assert_eq!(open.read(&mut [0; 8]).expect("EOF"), 0, "B's echo finished");
+    let status = old.exit_within(sent, Duration::from_secs(8)).expect("the old proxy exits once drained");
+    assert!(status.success(), "{status}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "B's app saw both connections");
+    eventually("the new proxy carried the new connection", || {
+        scene.proxy.log().contains("direction=\"outbound\" protocol=\"HBONE\"").then_some(())
+    });
 }
