@@ -113,7 +113,7 @@ fn phase_table(metrics: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+mod unit_tests {
     use super::*;
 
     #[test]

@@ -45,7 +45,7 @@ pub fn gbps(bytes: u64, took: Duration) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+mod unit_tests {
     use super::*;
 
     #[test]

@@ -84,15 +84,18 @@ pub fn find_pods_netns(proc_dir: &Path, pods: &[(&str, &[IpAddr])]) -> Result<Ha
     Ok(out)
 }
 
+/// `(start_time, pid)` of the processes of one pod.
+type Processes = Vec<(u64, u32)>;
+
 /// `(start_time, pid)` of every process whose cgroup names one of the `wanted` pods (keyed by dashed UID), by
 /// the pod's UID as the caller spelled it.
 fn pod_processes<'a>(
     proc_dir: &Path,
     wanted: &HashMap<String, (&'a str, &[IpAddr])>,
-) -> Result<HashMap<&'a str, Vec<(u64, u32)>>, DiscoverError> {
+) -> Result<HashMap<&'a str, Processes>, DiscoverError> {
     let entries =
         fs::read_dir(proc_dir).map_err(|source| DiscoverError::ListProc { path: proc_dir.to_path_buf(), source })?;
-    let mut found: HashMap<&str, Vec<(u64, u32)>> = HashMap::new();
+    let mut found: HashMap<&str, Processes> = HashMap::new();
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let pid_dir = entry.path();
