@@ -367,5 +367,11 @@ fn sigterm_cuts_a_stream_still_open_at_the_deadline() {
     assert!(cut < deadline + margin, "cut only after {cut:?}");
     let status = scene.proxy.exit_within(sent, deadline + margin).expect("the proxy exits by the deadline");
     assert!(status.success(), "{status}");
-    assert!(scene.proxy.log().contains("still open at the termination deadline"), "the cut is logged");
+    // Two timers expire together at the deadline: the proxy-wide one, or the HBONE server's own drain deadline
+    // when it cuts the connection first (the outbound side then just sees its peer go). Either logs the cut.
+    let log = scene.proxy.log();
+    assert!(
+        log.contains("still open at the termination deadline") || log.contains("did not drain before the deadline"),
+        "the cut is logged"
+    );
 }
