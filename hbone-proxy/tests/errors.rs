@@ -70,21 +70,7 @@ impl Scene {
 
     /// B's app as an echo server for any number of connections; counts the connections it accepted.
     fn b_echo(&self) -> Arc<AtomicUsize> {
-        let listener = self.b_listener();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { return };
-                count.fetch_add(1, Ordering::SeqCst);
-                std::thread::spawn(move || {
-                    let mut reader = stream.try_clone().expect("clone socket");
-                    let _ = io::copy(&mut reader, &mut stream);
-                    let _ = stream.shutdown(Shutdown::Write);
-                });
-            }
-        });
-        accepted
+        support::traffic::echo_app(self.b_listener())
     }
 
     /// B's identity as the mesh knows it.

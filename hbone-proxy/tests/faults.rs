@@ -2,12 +2,12 @@
 //! around it), and a node agent that sends garbage over ZDS (the proxy logs, reconnects and keeps its pods).
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tests::hbone_proxy::Proxy;
@@ -19,25 +19,8 @@ use zds::messages::{workload_response, Ack, WorkloadInfo, WorkloadRequest, Workl
 use zds::transport::{SeqpacketConn, SeqpacketListener};
 
 mod support;
+use support::traffic::echo_app;
 use support::{listening, APP_PORT, NS};
-
-/// B's app: an echo server counting the connections it accepted.
-fn echo_app(listener: TcpListener) -> Arc<AtomicUsize> {
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            count.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut reader = stream.try_clone().expect("clone socket");
-                let _ = std::io::copy(&mut reader, &mut stream);
-                let _ = stream.shutdown(Shutdown::Write);
-            });
-        }
-    });
-    accepted
-}
 
 /// One echo exchange from `pod` to `dst`: Ok when the echo came back, else why not.
 fn exchange(pod: &Pod, dst: SocketAddr) -> Result<(), std::io::Error> {

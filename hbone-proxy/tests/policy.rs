@@ -4,9 +4,8 @@
 //! instead of being reached in plaintext.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::json;
@@ -17,6 +16,7 @@ use tests::wait::eventually;
 use tests::{Cluster, Pod};
 
 mod support;
+use support::traffic::echo_app;
 use support::{listen_on, listening, workload, write_workloads, Proxy, Scene, APP_PORT, NS};
 
 const HELLO: &[u8] = b"hello through the mesh";
@@ -29,24 +29,6 @@ fn scene(env: &[(&str, &str)]) -> Scene {
 fn plain_member(cluster: &Cluster, name: &str) -> Pod {
     cluster.create(&plain_pod(NS, name));
     cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
-}
-
-/// An echo app on `listener`, counting the connections it accepted.
-fn echo_app(listener: TcpListener) -> Arc<AtomicUsize> {
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            count.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut reader = stream.try_clone().expect("clone socket");
-                let _ = io::copy(&mut reader, &mut stream);
-                let _ = stream.shutdown(Shutdown::Write);
-            });
-        }
-    });
-    accepted
 }
 
 /// An app in `from` sends [`HELLO`] to `to`:8080, shuts down its write side and reads to the end: what came back.

@@ -8,7 +8,7 @@
 //! errors_with_400_and_503`).
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,21 +88,7 @@ impl Scene {
 
     /// B's app as an echo server; counts the connections it accepted.
     fn b_echo(&self) -> Arc<AtomicUsize> {
-        let listener = self.base.b_listener();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { return };
-                count.fetch_add(1, Ordering::SeqCst);
-                std::thread::spawn(move || {
-                    let mut reader = stream.try_clone().expect("clone socket");
-                    let _ = io::copy(&mut reader, &mut stream);
-                    let _ = stream.shutdown(Shutdown::Write);
-                });
-            }
-        });
-        accepted
+        support::traffic::echo_app(self.base.b_listener())
     }
 }
 

@@ -132,3 +132,23 @@ pub fn transfer(
     assert_eq!(at_server.received_sha256, at_client.sent_sha256, "the server got exactly what the client sent");
     peer
 }
+
+/// An echo app on `listener` serving any number of connections (each echoed until EOF, then shut down for
+/// writing); counts the connections it accepted.
+pub fn echo_app(listener: std::net::TcpListener) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut reader = stream.try_clone().expect("clone socket");
+                let _ = std::io::copy(&mut reader, &mut stream);
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    accepted
+}
