@@ -89,13 +89,14 @@ pub fn listen_on(pod: &Pod, port: u16) -> TcpListener {
 /// A node with the agent and the proxy running, and ambient pods A (service account a-sa) and B (b-sa) listed in
 /// the proxy's local workloads file.
 pub struct Scene {
-    // Dropped first, while its log file in `dir` still exists.
-    pub proxy: Proxy,
-    pub cluster: Cluster,
-    pub agent: NodeAgent,
-    pub dir: tempfile::TempDir,
+    // Field order is drop order: the pods' CNI DEL needs the node's bin dir, and the proxy goes while its log
+    // file in `dir` still exists.
     pub a: Pod,
     pub b: Pod,
+    pub proxy: Proxy,
+    pub agent: NodeAgent,
+    pub cluster: Cluster,
+    pub dir: tempfile::TempDir,
 }
 
 impl Scene {
@@ -107,7 +108,7 @@ impl Scene {
         let agent = NodeAgent::start(&cluster, &[]);
         let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), env);
         let (a, b) = (ambient_member(&cluster, "a", "a-sa"), ambient_member(&cluster, "b", "b-sa"));
-        let scene = Scene { proxy, cluster, agent, dir, a, b };
+        let scene = Scene { a, b, proxy, agent, cluster, dir };
         scene.list_b_as(b_listed_sa);
         scene
     }
