@@ -13,6 +13,10 @@ use crate::scene::{AmbientNode, NS};
 use crate::stats::{us, Summary};
 use crate::Counts;
 
+/// Why the `netns` phase is empty in this scenario.
+const NETNS_NOTE: &str = "\nThe `netns` phase counts /proc discoveries (pods enrolled by a label change or after a \
+restart); pods that come through CNI ADD bring their netns path, so it stays empty here.\n";
+
 /// Phases of `nodeagent_enrollment_duration_seconds`, in path order.
 const PHASES: [&str; 4] = ["netns", "rules", "proxy_ack", "annotate"];
 
@@ -62,6 +66,7 @@ pub fn run(counts: Counts) -> Section {
         phases.push_str(&phase_table(&node.agent.metrics()));
     }
     body.push_str(&phases);
+    body.push_str(NETNS_NOTE);
     Section { name: "ambient-enroll", title: "Ambient pod enrollment".into(), body }
 }
 

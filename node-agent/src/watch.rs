@@ -237,9 +237,10 @@ impl State {
 
     async fn find_netns(&self, pod: &Pod, ips: &[IpAddr]) -> Result<netns::Netns, String> {
         let (proc_dir, id, ips) = (self.config.host_proc.clone(), uid(pod), ips.to_vec());
-        tokio::task::spawn_blocking(move || netns::discover::find_pod_netns(&proc_dir, &id, &ips))
-            .await
-            .map_err(|e| e.to_string())?
+        let started = std::time::Instant::now();
+        let scan = tokio::task::spawn_blocking(move || netns::discover::find_pod_netns(&proc_dir, &id, &ips)).await;
+        self.metrics.phase("netns", started);
+        scan.map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?
             .ok_or_else(|| "netns not found through /proc".to_string())
     }

@@ -104,6 +104,12 @@ fn labelling_a_namespace_enrolls_its_running_pods_through_proc_and_unlabelling_r
         let rules = inpod_rules(&pod.netns);
         assert!(has_inpod_rules(&rules), "lab/{name} has no in-pod rules:\n{rules}");
     }
+    // Operators see the /proc discoveries in the enrollment histogram's `netns` phase.
+    let metrics = agent.metrics();
+    let discovered = metrics.lines().find_map(|l| {
+        l.strip_prefix("nodeagent_enrollment_duration_seconds_count{phase=\"netns\"} ")?.trim().parse::<f64>().ok()
+    });
+    assert!(discovered >= Some(names.len() as f64), "netns phase counts the /proc discoveries:\n{metrics}");
 
     c.api.upsert(namespace("lab", json!({}))).expect("unlabel namespace");
     for ((name, id), pod) in names.iter().zip(&ids).zip(&pods) {
