@@ -153,8 +153,13 @@ fn redirect_sidecar(
     let plan = redirect::sidecar::build(&sidecar::settings(pod, has_v6)?);
     let force = conf.force_iptables_binary.as_deref().or(env.get("FORCE_IPTABLES_BINARY").map(String::as_str));
     let backend = Backend::select(conf.native_nftables, force.filter(|f| !f.is_empty())).map_err(internal)?;
-    redirect::backend::warn_if_mixed(backend);
-    if let Err(e) = backend.apply(netns, &plan) {
+    // Whether the host also holds rules of another backend is worth a warning, not a wait: look on another thread
+    // while the rules go in.
+    let span = tracing::Span::current();
+    let mixed = std::thread::spawn(move || span.in_scope(|| redirect::backend::warn_if_mixed(backend)));
+    let applied = backend.apply(netns, &plan);
+    let _ = mixed.join();
+    if let Err(e) = applied {
         // Never leave half a rule set: a pod that fails ADD is retried by the kubelet from a clean slate.
         if let Err(cleanup) = backend.remove(netns) {
             tracing::error!(error = %cleanup, "could not remove partial rules");

@@ -361,3 +361,18 @@ fn a_host_without_iptables_or_nft_programs_sidecar_pods_with_native_nftables() {
     let tables = pod_ns.exec_ok(&["nft", "list", "tables"]);
     assert!(tables.contains("istio-proxy-nat"), "{tables}");
 }
+
+/// Two backends at once are a known source of silent bypass: a host (the node netns the plugin runs in) holding
+/// iptables-legacy rules gets a warning naming it from a plugin that programs with native nftables, and the pod
+/// still gets its rules.
+#[test]
+fn add_warns_when_the_host_also_has_rules_in_another_backend() {
+    let c = Cluster::with_backend(RuleBackend::Nftables);
+    c.node.netns().exec_ok(&["iptables-legacy", "-t", "nat", "-N", "KUBE-LIKE"]);
+    let web = c.run(&sidecar_pod("shop", "web"));
+    assert!(web.netns.exec_ok(&["nft", "list", "tables"]).contains("istio-proxy-nat"), "the pod is redirected");
+    let log = std::fs::read_to_string(c.run_dir().join("istio-cni.log")).unwrap();
+    let warning = log.lines().find(|l| l.contains("also has rules in another packet-filter backend"));
+    let warning = warning.unwrap_or_else(|| panic!("no mixed-backend warning in the plugin log:\n{log}"));
+    assert!(warning.contains("iptables-legacy") && warning.contains("pod=\"web\""), "{warning}");
+}
