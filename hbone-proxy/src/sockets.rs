@@ -38,11 +38,21 @@ fn marked_socket(ip: IpAddr) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Asks the calling thread's netns to hand connections still queued on a closing `SO_REUSEPORT` listener to
+/// another listener of the group (`net.ipv4.tcp_migrate_req`), so a proxy taking over from a draining one loses
+/// none. Best effort: where `/proc/sys` is read-only (most containers) the kernel resets them as before.
+fn allow_accept_queue_migration() {
+    if let Err(e) = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1") {
+        tracing::debug!(error = %e, "cannot enable tcp_migrate_req in the pod netns");
+    }
+}
+
 /// Binds a marked `SO_REUSEPORT` listener on `addr` inside `ns` (IPv6 listeners are v6-only) and hands it
 /// to tokio. Must be called within a tokio runtime.
 pub fn listen_in(ns: &Netns, addr: SocketAddr) -> io::Result<TcpListener> {
     let fd = ns
         .run(|| -> io::Result<OwnedFd> {
+            allow_accept_queue_migration();
             let fd = marked_socket(addr.ip())?;
             setsockopt(&fd, sockopt::ReuseAddr, &true)?;
             setsockopt(&fd, sockopt::ReusePort, &true)?;

@@ -220,6 +220,10 @@ fn leaf_certificates_rotate_at_half_life_without_dropping_open_connections() {
 #[test]
 fn a_new_proxy_takes_over_the_pods_ports_while_the_old_one_drains() {
     let mut scene = scene(&[("CONNECTION_TERMINATION_DEADLINE", "8s")]);
+    // Connections still queued on the old listeners when they close move to the new ones instead of being reset.
+    for pod in [&scene.a, &scene.b] {
+        assert_eq!(pod.netns.exec_ok(&["sysctl", "-n", "net.ipv4.tcp_migrate_req"]).trim(), "1");
+    }
     let accepted = echo_many(scene.b_listener());
     let mut open = scene.a_connects_to_b();
     echo(&mut open, b"through the old proxy");
