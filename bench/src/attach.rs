@@ -31,12 +31,7 @@ impl Attached {
 /// CNI_ARGS kubelet's runtimes pass. Panics if ADD fails: a benchmark of a failing path measures nothing.
 pub fn timed_add(node: &Node, list: &NetworkConfigList, namespace: &str, name: &str) -> Attached {
     let netns = node.pod_netns();
-    let id = format!("{}-{name}", netns.name());
-    let conf = RuntimeConf::new(&id, netns.path())
-        .arg("IgnoreUnknown", "1")
-        .arg("K8S_POD_NAMESPACE", namespace)
-        .arg("K8S_POD_NAME", name)
-        .arg("K8S_POD_INFRA_CONTAINER_ID", &id);
+    let conf = tests::node::pod_attachment(&netns, namespace, name);
     let runtime = node.runtime().clone();
     let start = Instant::now();
     let result = runtime.add(list, &conf).unwrap_or_else(|e| panic!("CNI ADD of {namespace}/{name}: {e}"));

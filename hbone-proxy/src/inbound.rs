@@ -94,28 +94,21 @@ pub async fn plaintext(pod: Arc<PodContext>, mut client: TcpStream, peer: Socket
             return;
         }
     };
-    if pod.mesh.mtls_mode == MtlsMode::Strict {
+    let result = if pod.mesh.mtls_mode == MtlsMode::Strict {
         sockets::reset(client);
-        tracing::info!(
-            target: "access",
-            direction = "inbound",
-            protocol = "TCP",
-            src.addr = %peer,
-            dst.addr = %dst,
-            dst.identity = %pod.cert().identity(),
-            error = "plaintext refused: MTLS_MODE=STRICT",
-            "connection complete"
-        );
-        return;
-    }
-    let metrics = &pod.mesh.metrics;
-    metrics.opened(Direction::Inbound, "TCP");
-    let result = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
-        Ok(mut app) => tokio::io::copy_bidirectional(&mut client, &mut app).await.map_err(|e| e.to_string()),
-        Err(e) => Err(format!("connecting to {dst}: {e}")),
+        Err("plaintext refused: MTLS_MODE=STRICT".to_owned())
+    } else {
+        let metrics = &pod.mesh.metrics;
+        metrics.opened(Direction::Inbound, "TCP");
+        let result = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
+            Ok(mut app) => tokio::io::copy_bidirectional(&mut client, &mut app).await.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("connecting to {dst}: {e}")),
+        };
+        let (received, sent) = result.as_ref().copied().unwrap_or((0, 0));
+        metrics.closed(Direction::Inbound, "TCP", received, sent);
+        result
     };
     let (received, sent) = result.as_ref().copied().unwrap_or((0, 0));
-    metrics.closed(Direction::Inbound, "TCP", received, sent);
     tracing::info!(
         target: "access",
         direction = "inbound",

@@ -6,8 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -89,24 +88,6 @@ fn echo_one(listener: TcpListener) {
         let _ = std::io::copy(&mut reader, &mut stream);
         let _ = stream.shutdown(Shutdown::Write);
     });
-}
-
-/// An echo server for any number of connections on `listener`; counts the connections it accepted.
-fn echo_many(listener: TcpListener) -> Arc<AtomicUsize> {
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            count.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut reader = stream.try_clone().expect("clone socket");
-                let _ = std::io::copy(&mut reader, &mut stream);
-                let _ = stream.shutdown(Shutdown::Write);
-            });
-        }
-    });
-    accepted
 }
 
 #[test]
@@ -224,7 +205,7 @@ fn a_new_proxy_takes_over_the_pods_ports_while_the_old_one_drains() {
     for pod in [&scene.a, &scene.b] {
         assert_eq!(pod.netns.exec_ok(&["sysctl", "-n", "net.ipv4.tcp_migrate_req"]).trim(), "1");
     }
-    let accepted = echo_many(scene.b_listener());
+    let accepted = support::traffic::echo_app(scene.b_listener());
     let mut open = scene.a_connects_to_b();
     echo(&mut open, b"through the old proxy");
 

@@ -147,12 +147,7 @@ impl Node {
     pub fn try_add_pod_with(&self, conflist: Value, name: &str, namespace: &str) -> Result<Pod, RuntimeError> {
         let list = NetworkConfigList::from_value(conflist)?;
         let netns = self.pod_netns();
-        let id = format!("{}-{name}", netns.name());
-        let conf = RuntimeConf::new(&id, netns.path())
-            .arg("IgnoreUnknown", "1")
-            .arg("K8S_POD_NAMESPACE", namespace)
-            .arg("K8S_POD_NAME", name)
-            .arg("K8S_POD_INFRA_CONTAINER_ID", &id);
+        let conf = pod_attachment(&netns, namespace, name);
         match self.runtime.add(&list, &conf) {
             Ok(result) => {
                 let ip = first_ipv4(&result)
@@ -218,6 +213,17 @@ impl Drop for Pod {
             }
         }
     }
+}
+
+/// The attachment of pod `namespace/name` in `netns` as kubelet's runtimes describe it: a container id, the netns,
+/// and the `CNI_ARGS` they pass.
+pub fn pod_attachment(netns: &NetnsGuard, namespace: &str, name: &str) -> RuntimeConf {
+    let id = format!("{}-{name}", netns.name());
+    RuntimeConf::new(&id, netns.path())
+        .arg("IgnoreUnknown", "1")
+        .arg("K8S_POD_NAMESPACE", namespace)
+        .arg("K8S_POD_NAME", name)
+        .arg("K8S_POD_INFRA_CONTAINER_ID", &id)
 }
 
 /// The first IPv4 address (without prefix) in a CNI result's `ips`.

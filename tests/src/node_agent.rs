@@ -20,7 +20,7 @@ use tempfile::TempDir;
 use zds::messages::{workload_request::Payload, WorkloadInfo};
 
 use crate::install_cni::READINESS_PORT;
-use crate::mesh::{plain_pod, Cluster};
+use crate::mesh::{plain_pod, Cluster, RuleBackend};
 use crate::wait::eventually;
 use crate::{bins, NetnsGuard};
 
@@ -48,6 +48,18 @@ pub fn ambient_pod(namespace: &str, name: &str) -> Value {
 /// A Namespace object with `labels`; the plugin looks the namespace up when the pod's own labels do not decide.
 pub fn namespace(name: &str, labels: Value) -> Value {
     json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name, "labels": labels } })
+}
+
+/// The connmark policy routing rule the in-pod rules give every enrolled pod.
+pub const CONNMARK_RULE: &str = "fwmark 0x111/0xfff lookup 100";
+
+/// A cluster on `backend` with namespace `ns` stored (unlabelled: pods opt in by their own label) and the agent
+/// running on its node with `overrides`: where every ambient end-to-end test starts.
+pub fn ambient_node(backend: RuleBackend, ns: &str, overrides: &[(&str, &str)]) -> (Cluster, NodeAgent) {
+    let cluster = Cluster::with_backend(backend);
+    cluster.api.upsert(namespace(ns, json!({}))).expect("store namespace");
+    let agent = NodeAgent::start(&cluster, overrides);
+    (cluster, agent)
 }
 
 /// `cluster`'s conflist with the istio-cni entry's `ambient_enabled` set, as Istio's chart renders it for ambient.

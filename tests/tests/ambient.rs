@@ -6,8 +6,8 @@ use std::net::{SocketAddr, SocketAddrV4};
 use serde_json::{json, Value};
 use tests::mesh::{plain_pod, RuleBackend, INBOUND_PORT, OUTBOUND_PORT};
 use tests::node_agent::{
-    ambient_conflist, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, Reply, RequestKind, ZdsPeer,
-    DATAPLANE_MODE, PROBE_SNAT_V4, PROXY_MARK,
+    ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, Reply, RequestKind,
+    ZdsPeer, DATAPLANE_MODE, PROBE_SNAT_V4, PROXY_MARK,
 };
 use tests::runtime::RuntimeError;
 use tests::wait::eventually;
@@ -20,10 +20,7 @@ const APP_PORT: u16 = 8080;
 
 /// A cluster on `backend` with the `shop` namespace stored, and the agent running on its node.
 fn setup(backend: RuleBackend) -> (Cluster, NodeAgent) {
-    let cluster = Cluster::with_backend(backend);
-    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-    let agent = NodeAgent::start(&cluster, &[]);
-    (cluster, agent)
+    ambient_node(backend, NS, &[])
 }
 
 /// Runs `scenario` once per rule backend, each time on a fresh cluster (from [`setup`]) with a test proxy

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tests::mesh::{plain_pod, RuleBackend};
 use tests::node_agent::{
-    ambient_conflist, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind, ZdsPeer,
-    DATAPLANE_MODE,
+    ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind,
+    ZdsPeer, CONNMARK_RULE, DATAPLANE_MODE,
 };
 use tests::pod_process::PodProcess;
 use tests::wait::eventually;
@@ -26,15 +26,9 @@ use zds::ZdsError;
 
 /// Namespace whose pods opt in by their own label.
 const NS: &str = "shop";
-/// The connmark policy routing rule every enrolled pod gets.
-const CONNMARK_RULE: &str = "fwmark 0x111/0xfff lookup 100";
-
 /// A cluster on native nftables with the `shop` namespace stored, and the agent running on its node.
 fn setup() -> (Cluster, NodeAgent) {
-    let cluster = Cluster::with_backend(RuleBackend::Nftables);
-    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-    let agent = NodeAgent::start(&cluster, &[]);
-    (cluster, agent)
+    ambient_node(RuleBackend::Nftables, NS, &[])
 }
 
 /// Stores `pod` and creates it through the runtime with the ambient conflist (ADD must succeed).

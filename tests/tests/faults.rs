@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 use tests::install_cni::{Installer, PLUGIN, READINESS_PORT};
 use tests::mesh::RuleBackend;
 use tests::node_agent::{
-    ambient_conflist, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind, ZdsPeer,
-    REDIRECTION_ANNOTATION,
+    ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind,
+    ZdsPeer, CONNMARK_RULE, REDIRECTION_ANNOTATION,
 };
 use tests::pod_process::PodProcess;
 use tests::runtime::RuntimeError;
@@ -32,14 +32,8 @@ use tests::{Cluster, NetnsGuard, Pod};
 
 /// Namespace whose pods opt in by their own label.
 const NS: &str = "shop";
-/// The connmark policy routing rule every enrolled pod gets.
-const CONNMARK_RULE: &str = "fwmark 0x111/0xfff lookup 100";
-
 fn setup() -> (Cluster, NodeAgent) {
-    let cluster = Cluster::with_backend(RuleBackend::Nftables);
-    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-    let agent = NodeAgent::start(&cluster, &[]);
-    (cluster, agent)
+    ambient_node(RuleBackend::Nftables, NS, &[])
 }
 
 /// CNI ADD of the stored pod `name` with the ambient conflist.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::json;
 use tests::install_cni::{Installer, KUBECONFIG_NAME};
 use tests::mesh::RuleBackend;
-use tests::node_agent::{ambient_conflist, ambient_pod, namespace, redirection, NodeAgent, ZdsPeer};
+use tests::node_agent::{ambient_conflist, ambient_node, ambient_pod, namespace, redirection, NodeAgent, ZdsPeer};
 use tests::Cluster;
 
 const NS: &str = "shop";
@@ -30,10 +30,7 @@ fn mode(path: &Path) -> u32 {
 }
 
 fn setup(overrides: &[(&str, &str)]) -> (Cluster, NodeAgent) {
-    let cluster = Cluster::with_backend(RuleBackend::Nftables);
-    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-    let agent = NodeAgent::start(&cluster, overrides);
-    (cluster, agent)
+    ambient_node(RuleBackend::Nftables, NS, overrides)
 }
 
 #[test]
