@@ -3,9 +3,19 @@
 # program with the given scenarios (all when none), which prints its tables and writes them into BENCHMARKS.md.
 #   scripts/bench.sh                      # every scenario
 #   scripts/bench.sh sidecar-setup --iterations 50
+#   scripts/bench.sh --quick              # every scenario, a few rounds each, debug build, under 2 minutes;
+#                                         # only checks that the benchmark runs (CI does this), writes nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
-cargo build --release --workspace --bins
-exec target/release/node-bench "$@"
+profile=release
+for arg in "$@"; do
+  [ "$arg" = --quick ] && profile=debug
+done
+if [ "$profile" = release ]; then
+  cargo build --release --workspace --bins
+else
+  cargo build --workspace --bins
+fi
+exec "target/$profile/node-bench" "$@"

@@ -58,7 +58,24 @@ impl Scenario {
             Scenario::NodeScale => Counts { warmup: 0, iterations: 1000 },
         }
     }
+
+    /// `--quick` counts: enough rounds to run every code path of the scenario, few enough that the whole set
+    /// takes under two minutes, so CI can keep the benchmark from rotting.
+    fn quick_counts(self) -> Counts {
+        match self {
+            Scenario::PodRules => Counts { warmup: 1, iterations: 5 },
+            Scenario::SidecarSetup => Counts { warmup: 1, iterations: 3 },
+            Scenario::InstallerRepair => Counts { warmup: 1, iterations: 5 },
+            Scenario::AmbientEnroll => Counts { warmup: 1, iterations: 3 },
+            Scenario::HboneThroughput => Counts { warmup: 0, iterations: 1 },
+            Scenario::HboneLatency => Counts { warmup: 10, iterations: 100 },
+            Scenario::NodeScale => Counts { warmup: 0, iterations: 20 },
+        }
+    }
 }
+
+/// MiB per HBONE throughput run under `--quick` (unless `BENCH_TRANSFER_MIB` is set).
+const QUICK_TRANSFER_MIB: &str = "8";
 
 #[derive(Debug, Parser)]
 #[command(about = "Benchmarks pod setup, HBONE and node scale against baselines in the same run")]
@@ -75,14 +92,23 @@ struct Args {
     /// Print the tables without touching BENCHMARKS.md.
     #[arg(long)]
     no_write: bool,
+    /// Every scenario (or the named ones) with a few iterations and small transfers: checks that the benchmark
+    /// still runs, in under two minutes. Implies `--no-write`; its figures are not the published ones.
+    #[arg(long)]
+    quick: bool,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(nix::unistd::geteuid().is_root(), "node-bench needs root (network namespaces, netfilter)");
     let scenarios = if args.scenarios.is_empty() { Scenario::value_variants().to_vec() } else { args.scenarios };
+    if args.quick && std::env::var_os("BENCH_TRANSFER_MIB").is_none() {
+        // Set before any thread starts; the HBONE scenarios read it.
+        std::env::set_var("BENCH_TRANSFER_MIB", QUICK_TRANSFER_MIB);
+    }
+    let started = std::time::Instant::now();
     for scenario in scenarios {
-        let defaults = scenario.default_counts();
+        let defaults = if args.quick { scenario.quick_counts() } else { scenario.default_counts() };
         let counts = Counts {
             warmup: args.warmup.unwrap_or(defaults.warmup),
             iterations: args.iterations.unwrap_or(defaults.iterations).max(1),
@@ -97,11 +123,18 @@ fn main() -> anyhow::Result<()> {
             Scenario::HboneLatency => hbone::latency(counts),
             Scenario::NodeScale => node_scale::run(counts),
         };
-        println!("\n{}", section.render());
-        if !args.no_write {
+        if args.quick {
+            println!("\n{}", section.render_as("`scripts/bench.sh --quick` (debug build, few rounds: not comparable)"));
+        } else {
+            println!("\n{}", section.render());
+        }
+        if !args.no_write && !args.quick {
             let path = report::write(&section)?;
             println!("wrote {}", path.display());
         }
+    }
+    if args.quick {
+        println!("node-bench --quick: every scenario ran, in {:.0?} (figures not published)", started.elapsed());
     }
     Ok(())
 }

@@ -18,8 +18,13 @@ pub struct Section {
 impl Section {
     /// The section as written to BENCHMARKS.md, with the command and machine that produced it.
     pub fn render(&self) -> String {
+        self.render_as(&format!("`scripts/bench.sh {}` (release build)", self.name))
+    }
+
+    /// The section with `command` as its producing command (a `--quick` run names itself).
+    pub fn render_as(&self, command: &str) -> String {
         format!(
-            "<!-- bench:{name}:begin -->\n## {title}\n\nCommand: `scripts/bench.sh {name}` (release build).\n\n\
+            "<!-- bench:{name}:begin -->\n## {title}\n\nCommand: {command}.\n\n\
              Machine:\n\n{machine}\n{body}<!-- bench:{name}:end -->\n",
             name = self.name,
             title = self.title,

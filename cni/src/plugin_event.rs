@@ -50,4 +50,14 @@ mod tests {
         assert_eq!(v["IPs"][0]["address"], "10.0.0.2/24");
         assert_eq!(e.addresses(), vec!["10.0.0.2".parse::<std::net::IpAddr>().unwrap()]);
     }
+
+    /// Found by the plugin_event fuzzer: an unknown field holding a number too big for u64 must come back from
+    /// our own JSON as the same value, or a runtime's extra result fields would drift as they pass through.
+    #[test]
+    fn big_numbers_survive_a_round_trip() {
+        let body = r#"{"Netns":"/n","PodName":"a","PodNamespace":"b","IPs":[{"x":222222222222282222222222222222220}]}"#;
+        let e: CmdAdd = serde_json::from_str(body).unwrap();
+        let again: CmdAdd = serde_json::from_slice(&serde_json::to_vec(&e).unwrap()).unwrap();
+        assert_eq!(again, e);
+    }
 }
