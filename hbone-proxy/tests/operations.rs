@@ -9,7 +9,6 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
 use tests::node_agent::{netns_id, uid};
 use tests::wait::eventually;
 use tests::Pod;
@@ -17,32 +16,17 @@ use tests::Pod;
 mod support;
 use support::traffic::Payload;
 use support::{
-    ambient_member, connect_from, http_get, listen_on, listening, metric, workload, write_workloads, Proxy, Scene,
-    APP_PORT, NS,
+    ambient_member, config_dump, connect_from, dumped_pod, http_get, listen_on, listening, metric, workload,
+    write_workloads, Proxy, Scene, ADMIN_PORT, APP_PORT, NS,
 };
 
 /// Where the proxy serves `/healthz/ready`, inside the node netns.
 const READY_PORT: u16 = 15021;
-/// Where the proxy serves `/config_dump`, on the node's loopback.
-const ADMIN_PORT: u16 = 15000;
 /// How often the proxy retries a pod that failed to start.
 const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
 fn scene(env: &[(&str, &str)]) -> Scene {
     Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", env)
-}
-
-/// The proxy's `/config_dump`, parsed.
-fn config_dump(scene: &Scene) -> Value {
-    let (status, body) = http_get(&scene.cluster.node.netns().path(), ADMIN_PORT, "/config_dump").expect("GET");
-    assert_eq!(status, 200, "/config_dump answers: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/config_dump is not JSON ({e}): {body}"))
-}
-
-/// The dump's entry for pod `name`.
-fn dumped_pod(dump: &Value, name: &str) -> Value {
-    let pods = dump["pods"].as_array().expect("pods list");
-    pods.iter().find(|p| p["name"] == name).cloned().unwrap_or_else(|| panic!("pod {name} in {dump}"))
 }
 
 fn expiry(scene: &Scene, name: &str) -> u64 {

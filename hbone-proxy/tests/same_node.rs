@@ -1,9 +1,10 @@
 //! Same-node acceptance: the real node agent and the real `hbone-proxy` in the node netns, ambient pods A and
 //! B created through the fake CNI runtime. A's app exchanges 1 GiB each way with B's app (hashes match, the
 //! metrics count exactly those bytes); the bytes cross the pods' veths only on port 15008, as TLS (seen with
-//! tcpdump), and B's app sees A's IP as its peer.
+//! tcpdump), and B's app sees A's IP as its peer. Dual-stack pods do the same over IPv6.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tests::node_agent::uid;
@@ -13,7 +14,9 @@ use tests::NetnsGuard;
 mod support;
 use support::capture::{host_veth, payload_bytes, Capture, Packet};
 use support::traffic::{Payload, MARKER};
-use support::{listening, metric, Proxy, Scene, NS};
+use support::{
+    config_dump, connect_from, dumped_pod, ipv6_of, listen_at, listening, metric, Proxy, Scene, Stack, APP_PORT, NS,
+};
 
 /// Bytes each way in the acceptance transfer.
 const PAYLOAD: u64 = 1024 * 1024 * 1024;
@@ -51,6 +54,67 @@ fn counter(ns: &NetnsGuard, name: &str) -> u64 {
     bytes.parse().expect("byte count")
 }
 
+/// The proxy's HBONE byte counters, both directions each way: the names of their `/metrics` lines and their
+/// current values (0 before the first connection) in the node netns `netns`.
+fn hbone_byte_counters(netns: &Path) -> Vec<(String, f64)> {
+    ["inbound", "outbound"]
+        .iter()
+        .flat_map(|direction| {
+            ["istio_tcp_received_bytes_total", "istio_tcp_sent_bytes_total"]
+                .map(|name| format!("{name}{{direction=\"{direction}\",protocol=\"HBONE\"}}"))
+        })
+        .map(|name| {
+            let value = metric(netns, &name).unwrap_or(0.0);
+            (name, value)
+        })
+        .collect()
+}
+
+/// Waits until every counter of `before` grew by exactly `len`: B's HBONE inbound and A's HBONE outbound counted
+/// the transfer each way.
+fn assert_hbone_counted(netns: &Path, before: &[(String, f64)], len: u64) {
+    for (name, before) in before {
+        let want = before + len as f64;
+        eventually(&format!("{name} grew by {len}"), || (metric(netns, name)? == want).then_some(()));
+    }
+}
+
+/// Tcpdump on the host-side veths of A and B, writing `A.pcap` and `B.pcap` into `dir`.
+fn capture_veths(scene: &Scene, dir: &Path) -> Vec<(&'static str, Capture)> {
+    let node = scene.cluster.node.netns();
+    [("A", &scene.a), ("B", &scene.b)]
+        .into_iter()
+        .map(|(name, pod)| (name, Capture::start(node, &host_veth(&pod.result), &dir.join(format!("{name}.pcap")))))
+        .collect()
+}
+
+/// Stops `capture` of `name`'s veth (written to `dir`) once it holds both `len`-byte marked payloads on 15008,
+/// and asserts the veth carried no plaintext marker, no TCP payload outside 15008, and TLS on both sides of
+/// 15008; returns the packets.
+fn assert_only_tls_on_15008(name: &str, capture: Capture, dir: &Path, len: u64) -> Vec<Packet> {
+    let both_payloads = format!("both payloads on {name}'s veth");
+    let packets = capture.stop_when(&both_payloads, |p| payload_bytes(p, 15008) > 2 * len);
+    let raw = std::fs::read(dir.join(format!("{name}.pcap"))).expect("read capture");
+    assert!(
+        !raw.windows(MARKER.len()).any(|w| w == MARKER),
+        "{name}'s veth carried the plaintext marker: payload crossed in the clear"
+    );
+    let with_payload: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
+    let off_port: Vec<(u16, u16)> =
+        with_payload.iter().filter(|p| p.sport != 15008 && p.dport != 15008).map(|p| (p.sport, p.dport)).collect();
+    assert!(off_port.is_empty(), "{name}'s veth: TCP payload outside port 15008: {off_port:?}");
+    let first_to = with_payload.iter().find(|p| p.dport == 15008).expect("payload towards 15008");
+    let first_from = with_payload.iter().find(|p| p.sport == 15008).expect("payload from 15008");
+    for (side, packet) in [("client", first_to), ("server", first_from)] {
+        assert_eq!(
+            packet.payload[..2],
+            [0x16, 0x03],
+            "{name}'s veth: the {side} side of 15008 starts with a TLS handshake record"
+        );
+    }
+    packets
+}
+
 /// A's app connects to B:8080 and both send `len` bytes (`marked` stamps [`MARKER`] into both payloads); returns
 /// B's view of the peer after checking lengths and hashes on both ends.
 fn transfer(scene: &Scene, len: u64, marked: bool) -> SocketAddr {
@@ -73,14 +137,7 @@ fn pods_on_one_node_exchange_a_gib_each_way_over_hbone_with_the_clients_ip_prese
     install_counters(&a.netns);
     install_counters(&b.netns);
     let netns = cluster.node.netns().path();
-    let byte_metrics: Vec<String> = ["inbound", "outbound"]
-        .iter()
-        .flat_map(|direction| {
-            ["istio_tcp_received_bytes_total", "istio_tcp_sent_bytes_total"]
-                .map(|name| format!("{name}{{direction=\"{direction}\",protocol=\"HBONE\"}}"))
-        })
-        .collect();
-    let before: Vec<f64> = byte_metrics.iter().map(|m| metric(&netns, m).unwrap_or(0.0)).collect();
+    let before = hbone_byte_counters(&netns);
 
     let peer = transfer(&scene, PAYLOAD, false);
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app sees A's IP as the peer (transparent source)");
@@ -93,48 +150,54 @@ fn pods_on_one_node_exchange_a_gib_each_way_over_hbone_with_the_clients_ip_prese
         assert_eq!(counter(&pod.netns, name), 0, "{name} must stay 0: no plaintext app traffic on the veth");
     }
     // The proxy counted exactly the transfer, each way, on B's HBONE inbound and A's HBONE outbound.
-    for (name, before) in byte_metrics.iter().zip(before) {
-        let want = before + PAYLOAD as f64;
-        eventually(&format!("{name} grew by {PAYLOAD}"), || (metric(&netns, name)? == want).then_some(()));
-    }
+    assert_hbone_counted(&netns, &before, PAYLOAD);
     assert!(proxy.log().contains("direction=\"inbound\" protocol=\"HBONE\""), "access log of the tunnel");
 }
 
 #[test]
 fn on_the_pods_veths_the_payload_crosses_only_as_tls_on_15008() {
     let scene = scene();
-    let node = scene.cluster.node.netns();
     let files = tempfile::tempdir().expect("capture dir");
-    let captures: Vec<(&str, Capture)> = [("A", &scene.a), ("B", &scene.b)]
-        .into_iter()
-        .map(|(name, pod)| {
-            let veth = host_veth(&pod.result);
-            (name, Capture::start(node, &veth, &files.path().join(format!("{name}.pcap"))))
-        })
-        .collect();
+    let captures = capture_veths(&scene, files.path());
     transfer(&scene, CAPTURED, true);
     for (name, capture) in captures {
-        let raw_file = files.path().join(format!("{name}.pcap"));
-        let both_payloads = format!("both payloads on {name}'s veth");
-        let packets = capture.stop_when(&both_payloads, |p| payload_bytes(p, 15008) > 2 * CAPTURED);
-        let raw = std::fs::read(&raw_file).expect("read capture");
-        assert!(
-            !raw.windows(MARKER.len()).any(|w| w == MARKER),
-            "{name}'s veth carried the plaintext marker: payload crossed in the clear"
-        );
-        let with_payload: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
-        let off_port: Vec<(u16, u16)> =
-            with_payload.iter().filter(|p| p.sport != 15008 && p.dport != 15008).map(|p| (p.sport, p.dport)).collect();
-        assert!(off_port.is_empty(), "{name}'s veth: TCP payload outside port 15008: {off_port:?}");
-        let first_to = with_payload.iter().find(|p| p.dport == 15008).expect("payload towards 15008");
-        let first_from = with_payload.iter().find(|p| p.sport == 15008).expect("payload from 15008");
-        for (side, packet) in [("client", first_to), ("server", first_from)] {
-            assert_eq!(
-                packet.payload[..2],
-                [0x16, 0x03],
-                "{name}'s veth: the {side} side of 15008 starts with a TLS handshake record"
-            );
-        }
+        assert_only_tls_on_15008(name, capture, files.path(), CAPTURED);
+    }
+}
+
+#[test]
+fn dual_stack_pods_exchange_mibs_over_ipv6_as_hbone_with_the_clients_ipv6_preserved() {
+    let scene = Scene::with_stack(Stack::Dual, tempfile::tempdir().expect("scratch dir"), "b-sa", &[]);
+    let (a6, b6) = (ipv6_of(&scene.a), ipv6_of(&scene.b));
+    let netns = scene.cluster.node.netns().path();
+    // The proxy took both pods with their IPv6 addresses and listens on IPv6 in both.
+    let dump = config_dump(&scene);
+    for (pod, name, v6) in [(&scene.a, "a", a6), (&scene.b, "b", b6)] {
+        let ips = dumped_pod(&dump, name)["ips"].clone();
+        assert!(ips.as_array().is_some_and(|ips| ips.contains(&v6.to_string().into())), "{name}'s {v6} in {ips}");
+        let v6_listener = pod.netns.exec_ok(&["ss", "-Hltn6", "sport = :15008"]);
+        assert!(v6_listener.contains("[::]:15008"), "{name} has an IPv6 HBONE listener: {v6_listener:?}");
+    }
+    let before = hbone_byte_counters(&netns);
+    let files = tempfile::tempdir().expect("capture dir");
+    let captures = capture_veths(&scene, files.path());
+
+    let app = listen_at(&scene.b, SocketAddr::from((Ipv6Addr::UNSPECIFIED, APP_PORT)));
+    let (a_data, b_data) = (Payload::new(3, CAPTURED).marked(), Payload::new(4, CAPTURED).marked());
+    let b_app = SocketAddr::from((b6, APP_PORT));
+    let peer = support::traffic::transfer(app, || connect_from(&scene.a, b_app), a_data, b_data);
+    assert_eq!(peer.ip(), IpAddr::from(a6), "B's app sees A's IPv6 address as the peer");
+
+    assert_hbone_counted(&netns, &before, CAPTURED);
+    for (name, capture) in captures {
+        let packets = assert_only_tls_on_15008(name, capture, files.path(), CAPTURED);
+        let tunnel: Vec<(IpAddr, IpAddr)> = packets
+            .iter()
+            .filter(|p| !p.payload.is_empty())
+            .map(|p| if p.dport == 15008 { (p.src, p.dst) } else { (p.dst, p.src) })
+            .filter(|ends| *ends != (IpAddr::from(a6), IpAddr::from(b6)))
+            .collect();
+        assert!(tunnel.is_empty(), "{name}'s veth: 15008 payload not between A's and B's IPv6: {tunnel:?}");
     }
 }
 

@@ -1,7 +1,8 @@
 //! Packet captures with the real `tcpdump` on an interface of a test netns, and a reader for the pcap files
-//! it writes (Ethernet, IPv4, TCP), so tests can look at what actually crossed the wire.
+//! it writes (Ethernet, IPv4 or IPv6, TCP), so tests can look at what actually crossed the wire.
 
 use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -110,9 +111,13 @@ impl Drop for Capture {
     }
 }
 
-/// One captured IPv4 TCP segment.
+/// One captured TCP segment.
 #[derive(Debug, Clone)]
 pub struct Packet {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
     /// Source port.
     pub sport: u16,
     /// Destination port.
@@ -126,7 +131,7 @@ pub fn payload_bytes(packets: &[Packet], port: u16) -> u64 {
     packets.iter().filter(|p| p.sport == port || p.dport == port).map(|p| p.payload.len() as u64).sum()
 }
 
-/// The IPv4 TCP segments of a pcap file with Ethernet link type; anything else is skipped.
+/// The TCP segments (over IPv4 or IPv6) of a pcap file with Ethernet link type; anything else is skipped.
 pub fn read_pcap(data: &[u8]) -> Vec<Packet> {
     assert!(data.len() >= 24, "pcap file shorter than its header");
     let magic = u32::from_le_bytes(data[0..4].try_into().unwrap());
@@ -151,10 +156,27 @@ pub fn read_pcap(data: &[u8]) -> Vec<Packet> {
 }
 
 fn tcp_in_ethernet(frame: &[u8]) -> Option<Packet> {
-    if frame.len() < 14 || frame[12..14] != [0x08, 0x00] {
+    let ip = frame.get(14..)?;
+    let (src, dst, tcp) = match frame.get(12..14)? {
+        [0x08, 0x00] => tcp_in_ipv4(ip)?,
+        [0x86, 0xdd] => tcp_in_ipv6(ip)?,
+        _ => return None,
+    };
+    if tcp.len() < 20 {
         return None;
     }
-    let ip = &frame[14..];
+    let offset = usize::from(tcp[12] >> 4) * 4;
+    Some(Packet {
+        src,
+        dst,
+        sport: u16::from_be_bytes([tcp[0], tcp[1]]),
+        dport: u16::from_be_bytes([tcp[2], tcp[3]]),
+        payload: tcp.get(offset..)?.to_vec(),
+    })
+}
+
+/// (source, destination, TCP segment) of an IPv4 packet carrying TCP.
+fn tcp_in_ipv4(ip: &[u8]) -> Option<(IpAddr, IpAddr, &[u8])> {
     if ip.len() < 20 || ip[0] >> 4 != 4 || ip[9] != 6 {
         return None;
     }
@@ -164,16 +186,30 @@ fn tcp_in_ethernet(frame: &[u8]) -> Option<Packet> {
         0 => ip.len(),
         total => total.min(ip.len()),
     };
-    let tcp = ip.get(header..total)?;
-    if tcp.len() < 20 {
+    let addr = |at: usize| IpAddr::V4(Ipv4Addr::new(ip[at], ip[at + 1], ip[at + 2], ip[at + 3]));
+    Some((addr(12), addr(16), ip.get(header..total)?))
+}
+
+/// (source, destination, TCP segment) of an IPv6 packet carrying TCP, directly or after a hop-by-hop header
+/// (the jumbo payload option of IPv6 BIG TCP).
+fn tcp_in_ipv6(ip: &[u8]) -> Option<(IpAddr, IpAddr, &[u8])> {
+    if ip.len() < 40 || ip[0] >> 4 != 6 {
         return None;
     }
-    let offset = usize::from(tcp[12] >> 4) * 4;
-    Some(Packet {
-        sport: u16::from_be_bytes([tcp[0], tcp[1]]),
-        dport: u16::from_be_bytes([tcp[2], tcp[3]]),
-        payload: tcp.get(offset..)?.to_vec(),
-    })
+    let end = match usize::from(u16::from_be_bytes([ip[4], ip[5]])) {
+        0 => ip.len(),
+        len => (40 + len).min(ip.len()),
+    };
+    let (mut next, mut at) = (ip[6], 40);
+    if next == 0 {
+        next = *ip.get(at)?;
+        at += (usize::from(*ip.get(at + 1)?) + 1) * 8;
+    }
+    if next != 6 {
+        return None;
+    }
+    let addr = |from: usize| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[from..from + 16]).expect("16 bytes")));
+    Some((addr(8), addr(24), ip.get(at..end)?))
 }
 
 /// The host-side veth of a pod, as the bridge plugin reported it in the pod's CNI ADD result.

@@ -5,7 +5,7 @@
 pub mod capture;
 pub mod traffic;
 
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,6 +23,17 @@ pub const NS: &str = "shop";
 pub const TD: &str = "cluster.local";
 /// Port B's app listens on.
 pub const APP_PORT: u16 = 8080;
+/// Where the proxy serves `/config_dump`, on the node's loopback.
+pub const ADMIN_PORT: u16 = 15000;
+
+/// Which address families the scene's pods get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stack {
+    /// One IPv4 address per pod.
+    V4,
+    /// An IPv4 and an IPv6 address per pod (host-local with one range of each family).
+    Dual,
+}
 
 /// A GET from inside `netns` to 127.0.0.1:`port`: (status, body).
 pub fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
@@ -48,6 +59,49 @@ pub fn workload(cluster: &Cluster, name: &str, sa: &str, ip: IpAddr, node: &str)
     })
 }
 
+/// The proxy's `/config_dump` (on the node's loopback), parsed.
+pub fn config_dump(scene: &Scene) -> Value {
+    let (status, body) = http_get(&scene.cluster.node.netns().path(), ADMIN_PORT, "/config_dump").expect("GET");
+    assert_eq!(status, 200, "/config_dump answers: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/config_dump is not JSON ({e}): {body}"))
+}
+
+/// The dump's entry for pod `name`.
+pub fn dumped_pod(dump: &Value, name: &str) -> Value {
+    let pods = dump["pods"].as_array().expect("pods list");
+    pods.iter().find(|p| p["name"] == name).cloned().unwrap_or_else(|| panic!("pod {name} in {dump}"))
+}
+
+/// Every address (without prefix) of `pod`'s CNI ADD result, in its order.
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let ips = pod.result["ips"].as_array().expect("ADD result ips");
+    ips.iter().filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok()).collect()
+}
+
+/// `pod`'s IPv6 address from its ADD result (a [`Stack::Dual`] pod has one).
+pub fn ipv6_of(pod: &Pod) -> Ipv6Addr {
+    let v6 = pod_ips(pod).into_iter().find_map(|ip| match ip {
+        IpAddr::V6(v6) => Some(v6),
+        IpAddr::V4(_) => None,
+    });
+    v6.unwrap_or_else(|| panic!("no IPv6 address in {}", pod.result))
+}
+
+/// `cluster`'s ambient conflist for `stack`: [`Stack::Dual`] adds an IPv6 range `fd00:X:Y::/64` (X, Y from the
+/// node's `10.X.Y.0/24`, so it is as unique as the IPv4 one) and an IPv6 default route through the bridge.
+pub fn conflist_for(cluster: &Cluster, stack: Stack) -> Value {
+    let mut list = ambient_conflist(cluster);
+    if stack == Stack::Dual {
+        let subnet = cluster.node.subnet();
+        let octets: Vec<&str> = subnet.split('.').collect();
+        let v6 = format!("fd00:{}:{}::/64", octets[1], octets[2]);
+        let ipam = &mut list["plugins"][0]["ipam"];
+        ipam["ranges"].as_array_mut().expect("ranges").push(json!([{ "subnet": v6 }]));
+        ipam["routes"].as_array_mut().expect("routes").push(json!({ "dst": "::/0" }));
+    }
+    list
+}
+
 /// Writes `workloads` to the local workloads file `path` of `proxy` and waits until the proxy loaded it.
 pub fn write_workloads(proxy: &Proxy, path: &Path, workloads: Vec<Value>) {
     let addresses: usize = workloads.iter().map(|w| w["workloadIps"].as_array().map_or(0, Vec::len)).sum();
@@ -63,10 +117,15 @@ pub fn write_workloads(proxy: &Proxy, path: &Path, workloads: Vec<Value>) {
 /// Creates ambient pod `name` with service account `sa` in `cluster` through the fake CNI runtime; returns once
 /// the node's proxy acked it (CNI ADD waits for that), i.e. its listeners are up.
 pub fn ambient_member(cluster: &Cluster, name: &str, sa: &str) -> Pod {
+    ambient_member_on(cluster, Stack::V4, name, sa)
+}
+
+/// Like [`ambient_member`], with the addresses of `stack`.
+pub fn ambient_member_on(cluster: &Cluster, stack: Stack, name: &str, sa: &str) -> Pod {
     let mut pod = ambient_pod(NS, name);
     pod["spec"]["serviceAccountName"] = json!(sa);
     cluster.create(&pod);
-    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
+    cluster.node.try_add_pod_with(conflist_for(cluster, stack), name, NS).expect("CNI ADD")
 }
 
 /// An app in `pod` connects to `dst`.
@@ -80,10 +139,15 @@ pub fn connect_from(pod: &Pod, dst: SocketAddr) -> TcpStream {
     stream
 }
 
-/// An app socket of `pod` listening on `port`.
+/// An app socket of `pod` listening on `port` (IPv4).
 pub fn listen_on(pod: &Pod, port: u16) -> TcpListener {
+    listen_at(pod, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+}
+
+/// An app socket of `pod` bound to `addr`.
+pub fn listen_at(pod: &Pod, addr: SocketAddr) -> TcpListener {
     let ns = pod.netns.open().expect("open pod netns");
-    ns.run(|| TcpListener::bind(("0.0.0.0", port))).expect("enter pod netns").expect("bind the app's port")
+    ns.run(|| TcpListener::bind(addr)).expect("enter pod netns").expect("bind the app's port")
 }
 
 /// A node with the agent and the proxy running, and ambient pods A (service account a-sa) and B (b-sa) listed in
@@ -103,11 +167,16 @@ impl Scene {
     /// Starts the proxy with `env` and state under `dir` (where the caller may have put files `env` points at),
     /// creates A and B, and lists B with service account `b_listed_sa`.
     pub fn new(dir: tempfile::TempDir, b_listed_sa: &str, env: &[(&str, &str)]) -> Self {
+        Self::with_stack(Stack::V4, dir, b_listed_sa, env)
+    }
+
+    /// Like [`Scene::new`], with pods that get the addresses of `stack` (all of them listed in the workloads file).
+    pub fn with_stack(stack: Stack, dir: tempfile::TempDir, b_listed_sa: &str, env: &[(&str, &str)]) -> Self {
         let cluster = Cluster::with_backend(RuleBackend::Nftables);
         cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
         let agent = NodeAgent::start(&cluster, &[]);
         let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), env);
-        let (a, b) = (ambient_member(&cluster, "a", "a-sa"), ambient_member(&cluster, "b", "b-sa"));
+        let (a, b) = (ambient_member_on(&cluster, stack, "a", "a-sa"), ambient_member_on(&cluster, stack, "b", "b-sa"));
         let scene = Scene { a, b, proxy, agent, cluster, dir };
         scene.list_b_as(b_listed_sa);
         scene
@@ -120,10 +189,12 @@ impl Scene {
 
     /// Rewrites the local workloads file with B under service account `sa` and waits for the proxy to reload it.
     pub fn list_b_as(&self, sa: &str) {
-        let listing = vec![
-            workload(&self.cluster, "a", "a-sa", self.a.ip.into(), "node-1"),
-            workload(&self.cluster, "b", sa, self.b.ip.into(), "node-1"),
-        ];
+        let listed = |pod: &Pod, name, sa| {
+            let mut entry = workload(&self.cluster, name, sa, pod.ip.into(), "node-1");
+            entry["workloadIps"] = json!(pod_ips(pod));
+            entry
+        };
+        let listing = vec![listed(&self.a, "a", "a-sa"), listed(&self.b, "b", sa)];
         write_workloads(&self.proxy, &self.workloads(), listing);
     }
 
