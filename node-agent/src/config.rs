@@ -53,6 +53,55 @@ pub struct Config {
     /// `/host/proc/1/ns/net`.
     #[arg(long, env = "HOST_NETNS")]
     pub host_netns: Option<PathBuf>,
+    /// The race repair controller (pods that started before the plugin was chained).
+    #[command(flatten)]
+    pub repair: RepairConfig,
+}
+
+/// Settings of the repair controller, under Istio's `REPAIR_*` names.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RepairConfig {
+    /// Whether the repair controller runs at all.
+    #[arg(long = "repair-enabled", env = "REPAIR_ENABLED", default_value_t = true, action = ArgAction::Set)]
+    pub enabled: bool,
+    /// Label broken pods with REPAIR_BROKEN_POD_LABEL_KEY=REPAIR_BROKEN_POD_LABEL_VALUE.
+    #[arg(long = "repair-label-pods", env = "REPAIR_LABEL_PODS", default_value_t = false, action = ArgAction::Set)]
+    pub label_pods: bool,
+    /// Delete broken pods so their controller recreates them.
+    #[arg(long = "repair-delete-pods", env = "REPAIR_DELETE_PODS", default_value_t = false, action = ArgAction::Set)]
+    pub delete_pods: bool,
+    /// Istio's in-place repair; not implemented here: accepted, warned about, falls back to labelling if set.
+    #[arg(long = "repair-repair-pods", env = "REPAIR_REPAIR_PODS", default_value_t = false, action = ArgAction::Set)]
+    pub repair_pods: bool,
+    /// The node whose pods are repaired; when set it must equal NODE_NAME (the agent watches that node's pods).
+    #[arg(id = "repair_node_name", long = "repair-node-name", env = "REPAIR_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The annotation that marks a sidecar-injected pod.
+    #[arg(
+        long = "repair-sidecar-annotation",
+        env = "REPAIR_SIDECAR_ANNOTATION",
+        default_value = "sidecar.istio.io/status"
+    )]
+    pub sidecar_annotation: String,
+    /// The init container that fails when redirection is missing.
+    #[arg(long = "repair-init-container-name", env = "REPAIR_INIT_CONTAINER_NAME", default_value = "istio-validation")]
+    pub init_container_name: String,
+    /// Its exit code when redirection is missing.
+    #[arg(long = "repair-init-exit-code", env = "REPAIR_INIT_EXIT_CODE", default_value_t = 126)]
+    pub init_exit_code: i32,
+    /// When non-empty, the termination message must contain it too.
+    #[arg(long = "repair-init-termination-msg", env = "REPAIR_INIT_TERMINATION_MSG", default_value = "")]
+    pub init_termination_msg: String,
+    /// Label key set on broken pods in label mode.
+    #[arg(
+        long = "repair-broken-pod-label-key",
+        env = "REPAIR_BROKEN_POD_LABEL_KEY",
+        default_value = "cni.istio.io/uninitialized"
+    )]
+    pub broken_pod_label_key: String,
+    /// Label value set on broken pods in label mode.
+    #[arg(long = "repair-broken-pod-label-value", env = "REPAIR_BROKEN_POD_LABEL_VALUE", default_value = "true")]
+    pub broken_pod_label_value: String,
 }
 
 impl Config {
@@ -82,6 +131,36 @@ impl Config {
                 return Err(format!("{name} must be an absolute path, got {}", path.display()));
             }
         }
+        if let Some(node) = self.repair.node_name.as_deref().filter(|n| !n.is_empty()) {
+            if node != self.node_name {
+                return Err(format!("REPAIR_NODE_NAME ({node}) must equal NODE_NAME ({})", self.node_name));
+            }
+        }
         self.selectors().map(|_| ()).map_err(|e| format!("AMBIENT_ENABLEMENT_SELECTOR: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn flags_are_consistent_and_repair_defaults_match_istio() {
+        Config::command().debug_assert();
+        let config = Config::try_parse_from(["node-agent", "--node-name", "n"]).unwrap();
+        let r = &config.repair;
+        assert!(r.enabled && !r.label_pods && !r.delete_pods && !r.repair_pods);
+        assert_eq!((r.init_container_name.as_str(), r.init_exit_code), ("istio-validation", 126));
+        assert_eq!(
+            (r.broken_pod_label_key.as_str(), r.broken_pod_label_value.as_str()),
+            ("cni.istio.io/uninitialized", "true")
+        );
+    }
+
+    #[test]
+    fn a_repair_node_other_than_this_node_is_refused() {
+        let config = Config::try_parse_from(["node-agent", "--node-name", "n", "--repair-node-name", "m"]).unwrap();
+        assert!(config.validate().unwrap_err().contains("REPAIR_NODE_NAME"));
     }
 }

@@ -1,4 +1,5 @@
-//! `node-agent`: enrolls ambient pods on this node and streams their network namespaces to the node proxy.
+//! `node-agent`: enrolls ambient pods on this node and streams their network namespaces to the node proxy; its
+//! repair controller also labels or deletes sidecar pods that started before the plugin was ready.
 
 mod cache;
 mod config;
@@ -7,6 +8,7 @@ mod event_server;
 mod metrics;
 mod plugin_logs;
 mod plugin_socket;
+mod repair;
 mod watch;
 
 use std::sync::{Arc, Mutex};
@@ -50,6 +52,18 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let probe = ProbeState::new(Arc::new(Mutex::new(registry)));
     let (drain_trigger, drain) = Drain::new();
     config.common.serve_probes(&probe, &drain).await?;
+    let client = kube::Client::try_default().await.context("Kubernetes client")?;
+    if let Some(repair) = repair::start(client.clone(), &config, metrics.clone()) {
+        tokio::spawn(repair);
+    }
+    if !config.ambient_enabled {
+        // Sidecar-only installs run the agent for the repair controller alone: no rules, host probe or sockets.
+        tracing::info!("ambient disabled: only the repair controller runs");
+        probe.set_ready();
+        let sig = shutdown.await;
+        tracing::info!(signal = ?sig, "shutting down");
+        return Ok(());
+    }
 
     let backend = Backend::select(config.native_nftables, config.force_iptables_binary.as_deref())?;
     tracing::info!(%backend, "in-pod rules backend");
@@ -64,7 +78,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
         None => netns::Netns::current()?,
     };
     let hostprobe = HostProbe::ensure(host_netns, backend, probe_config).context("host probe SNAT rules")?;
-    let client = kube::Client::try_default().await.context("Kubernetes client")?;
     let zds = ZdsServer::bind(&config.ztunnel_uds_address, ServerConfig::default())
         .await
         .with_context(|| format!("ZDS socket {}", config.ztunnel_uds_address.display()))?;

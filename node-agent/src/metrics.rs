@@ -28,6 +28,13 @@ pub struct Phase {
     pub phase: String,
 }
 
+/// Label of the repair counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RepairType {
+    /// `label` or `delete`.
+    pub r#type: String,
+}
+
 /// Everything operators watch on the agent.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -41,6 +48,8 @@ pub struct Metrics {
     pub enrolled_pods: Gauge,
     /// Enrollment latency by phase.
     pub enrollment_seconds: Family<Phase, Histogram>,
+    /// Broken pods the repair controller acted on, by action.
+    pub pods_repaired: Family<RepairType, Counter>,
 }
 
 impl Metrics {
@@ -52,6 +61,7 @@ impl Metrics {
             ztunnel_connected: Gauge::default(),
             enrolled_pods: Gauge::default(),
             enrollment_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14))),
+            pods_repaired: Family::default(),
         };
         registry.register(
             "istio_cni_plugin_requests",
@@ -65,6 +75,12 @@ impl Metrics {
             "nodeagent_enrollment_duration_seconds",
             "Time spent per enrollment phase (netns, rules, proxy_ack, annotate)",
             m.enrollment_seconds.clone(),
+        );
+        // The registry adds no prefix and the counter adds `_total`: exposed as istio_cni_repair_pods_repaired_total.
+        registry.register(
+            "istio_cni_repair_pods_repaired",
+            "Broken pods repaired by the repair controller, by type (label, delete)",
+            m.pods_repaired.clone(),
         );
         m
     }

@@ -1,0 +1,109 @@
+//! What makes a pod "broken" for the repair controller: a sidecar pod on this node whose validation init
+//! container exited with the code (and message) it uses when traffic redirection is missing.
+
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
+
+use crate::config::Config;
+
+/// The tests a pod must pass to be repaired, from the `REPAIR_*` settings.
+#[derive(Debug, Clone)]
+pub struct Criteria {
+    /// `spec.nodeName` of the pods this agent may repair.
+    pub node: String,
+    /// The annotation that marks sidecar-injected pods.
+    pub sidecar_annotation: String,
+    /// The validation init container's name.
+    pub init_container: String,
+    /// Its exit code when redirection is missing.
+    pub exit_code: i32,
+    /// When non-empty, the termination message must contain it.
+    pub termination_msg: String,
+}
+
+impl Criteria {
+    /// The criteria the agent's configuration asks for.
+    pub fn from_config(config: &Config) -> Self {
+        let repair = &config.repair;
+        Self {
+            node: config.node_name.clone(),
+            sidecar_annotation: repair.sidecar_annotation.clone(),
+            init_container: repair.init_container_name.clone(),
+            exit_code: repair.init_exit_code,
+            termination_msg: repair.init_termination_msg.clone(),
+        }
+    }
+
+    /// Whether `pod` is on this node, injected, and its validation init container terminated (now or last time)
+    /// the way it does when redirection is missing.
+    pub fn broken(&self, pod: &Pod) -> bool {
+        let on_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str());
+        let injected =
+            pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(self.sidecar_annotation.as_str()));
+        let statuses = pod.status.as_ref().and_then(|s| s.init_container_statuses.as_deref()).unwrap_or_default();
+        let failed = statuses.iter().filter(|s| s.name == self.init_container).any(|s| {
+            [s.state.as_ref(), s.last_state.as_ref()]
+                .into_iter()
+                .flatten()
+                .filter_map(|state| state.terminated.as_ref())
+                .any(|t| self.is_redirect_failure(t))
+        });
+        on_node && injected && failed
+    }
+
+    fn is_redirect_failure(&self, terminated: &ContainerStateTerminated) -> bool {
+        terminated.exit_code == self.exit_code
+            && (self.termination_msg.is_empty()
+                || terminated.message.as_deref().unwrap_or_default().contains(self.termination_msg.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn criteria(msg: &str) -> Criteria {
+        Criteria {
+            node: "node-1".into(),
+            sidecar_annotation: "sidecar.istio.io/status".into(),
+            init_container: "istio-validation".into(),
+            exit_code: 126,
+            termination_msg: msg.into(),
+        }
+    }
+
+    fn pod(node: &str, annotated: bool, init: &str, state: &str, code: i32, message: &str) -> Pod {
+        let mut status = json!({ "name": init, "ready": false, "restartCount": 1, "image": "i", "imageID": "" });
+        status[state] = json!({ "terminated": { "exitCode": code, "message": message } });
+        let annotations: Value = if annotated { json!({ "sidecar.istio.io/status": "{}" }) } else { json!({}) };
+        serde_json::from_value(json!({
+            "metadata": { "name": "p", "namespace": "ns", "annotations": annotations },
+            "spec": { "nodeName": node, "containers": [{ "name": "app" }] },
+            "status": { "initContainerStatuses": [status] },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_validation_failure_now_or_last_time_on_this_node_is_broken() {
+        let c = criteria("");
+        assert!(c.broken(&pod("node-1", true, "istio-validation", "lastState", 126, "")));
+        assert!(c.broken(&pod("node-1", true, "istio-validation", "state", 126, "")));
+    }
+
+    #[test]
+    fn other_nodes_codes_containers_and_uninjected_pods_are_not() {
+        let c = criteria("");
+        assert!(!c.broken(&pod("node-2", true, "istio-validation", "lastState", 126, "")));
+        assert!(!c.broken(&pod("node-1", false, "istio-validation", "lastState", 126, "")));
+        assert!(!c.broken(&pod("node-1", true, "istio-init", "lastState", 126, "")));
+        assert!(!c.broken(&pod("node-1", true, "istio-validation", "lastState", 1, "")));
+    }
+
+    #[test]
+    fn a_configured_termination_message_must_be_contained() {
+        let c = criteria("iptables");
+        assert!(c.broken(&pod("node-1", true, "istio-validation", "state", 126, "no iptables rules found")));
+        assert!(!c.broken(&pod("node-1", true, "istio-validation", "state", 126, "something else")));
+    }
+}
