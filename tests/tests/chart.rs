@@ -16,6 +16,8 @@ use tests::chart::{self, accepted_env, list, output, Rendered, KUBE_VERSION};
 const PLATFORMS: [&str; 6] = ["k3s", "k3d", "microk8s", "minikube", "openshift", "gke"];
 const AMBIENT: &str = "cni.ambient.enabled=true";
 const PROXY: &str = "proxy.enabled=true";
+const REPAIR_DELETE: &str = "cni.repair.deletePods=true";
+const REPAIR_LABEL: &str = "cni.repair.labelPods=true";
 
 /// Every golden case: name and `--set`s.
 fn cases() -> Vec<(String, Vec<String>)> {
@@ -23,6 +25,7 @@ fn cases() -> Vec<(String, Vec<String>)> {
         ("default".to_owned(), vec![]),
         ("ambient".to_owned(), vec![AMBIENT.to_owned()]),
         ("proxy".to_owned(), vec![AMBIENT.to_owned(), PROXY.to_owned()]),
+        ("repair-sidecar-only".to_owned(), vec![REPAIR_DELETE.to_owned()]),
     ];
     for platform in PLATFORMS {
         cases.push((format!("platform-{platform}"), vec![AMBIENT.to_owned(), format!("global.platform={platform}")]));
@@ -186,6 +189,25 @@ fn without_ambient_there_is_no_node_agent_and_no_host_proc() {
 }
 
 #[test]
+fn sidecar_only_repair_runs_the_node_agent_for_repair_alone_without_capabilities_or_host_mounts() {
+    let (_, r) = render(&[REPAIR_LABEL.to_owned()]);
+    let c = r.container("istio-cni-node", "node-agent").expect("node-agent container for label repair");
+    assert_eq!(c["securityContext"]["capabilities"], json!({"drop": ["ALL"]}));
+    assert!(c["volumeMounts"].is_null(), "{}", c["volumeMounts"]);
+    assert_eq!(r.env_value(c, "AMBIENT_ENABLED").as_deref(), Some("false"));
+    assert_eq!(r.env_value(c, "REPAIR_LABEL_PODS").as_deref(), Some("true"));
+    assert_eq!(r.env_value(c, "REPAIR_DELETE_PODS").as_deref(), Some("false"));
+    let paths: Vec<Value> =
+        list(&r.pod_spec("istio-cni-node")["volumes"]).iter().map(|v| v["hostPath"]["path"].clone()).collect();
+    assert_eq!(paths, [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni")]);
+    // Repair on (the default) but no mode selected, or only the unimplemented in-place repair: no agent.
+    for sets in [vec![], vec!["cni.repair.repairPods=true".to_owned()]] {
+        let (_, r) = render(&sets);
+        assert!(r.container("istio-cni-node", "node-agent").is_none(), "{sets:?}");
+    }
+}
+
+#[test]
 fn platform_profiles_set_their_directories_and_explicit_values_win() {
     let expect = [
         ("k3s", "/var/lib/rancher/k3s/data/cni", "/var/lib/rancher/k3s/agent/etc/cni/net.d", "/var/run/netns"),
@@ -256,12 +278,21 @@ fn rbac_grows_only_with_the_features_enabled() {
         list(&r.get("ClusterRole", "istio-cni")["rules"]).into_iter().find(|r| r["resources"] == json!(["daemonsets"]));
     assert_eq!(ds_rule.unwrap()["resourceNames"], json!(["istio-cni-node"]));
 
-    let (_, r) = render(&["cni.repair.enabled=true".to_owned(), "cni.repair.deletePods=true".to_owned()]);
-    let grants = r.grants("istio-cni");
-    assert!(grants.contains(&grant("pods", "delete")) && grants.contains(&grant("events", "create")));
-    let (_, r) = render(&["cni.repair.enabled=true".to_owned(), "cni.repair.labelPods=true".to_owned()]);
-    let grants = r.grants("istio-cni");
-    assert!(grants.contains(&grant("pods/status", "patch")) && !grants.contains(&grant("pods", "delete")));
+    // Repair: delete needs pods delete, label a patch of the pod itself (labels are metadata, not status); no
+    // events are created. Both with and without ambient, and nothing when repair is off.
+    for ambient in [vec![], vec![AMBIENT.to_owned()]] {
+        let (_, r) = render(&[ambient.clone(), vec![REPAIR_DELETE.to_owned()]].concat());
+        let grants = r.grants("istio-cni");
+        assert!(grants.contains(&grant("pods", "delete")) && !grants.contains(&grant("pods", "patch")));
+        assert!(!grants.iter().any(|(res, _)| res == "events"), "{grants:?}");
+        let (_, r) = render(&[ambient.clone(), vec![REPAIR_LABEL.to_owned()]].concat());
+        let grants = r.grants("istio-cni");
+        assert!(grants.contains(&grant("pods", "patch")) && !grants.contains(&grant("pods", "delete")));
+        let off = [ambient, vec![REPAIR_LABEL.to_owned(), REPAIR_DELETE.to_owned(), "cni.repair.enabled=false".into()]];
+        let (_, r) = render(&off.concat());
+        let grants = r.grants("istio-cni");
+        assert!(!grants.contains(&grant("pods", "patch")) && !grants.contains(&grant("pods", "delete")));
+    }
 
     let (_, r) = render(&[AMBIENT.to_owned(), PROXY.to_owned()]);
     let reads: BTreeSet<_> = ["get", "list", "watch"].map(|v| grant("pods", v)).into();
@@ -302,6 +333,13 @@ fn required_env(binary: &str) -> &'static [&'static str] {
             "HOST_PROC",
             "ZTUNNEL_UDS_ADDRESS",
             "READINESS_PORT",
+            "REPAIR_ENABLED",
+            "REPAIR_LABEL_PODS",
+            "REPAIR_DELETE_PODS",
+            "REPAIR_REPAIR_PODS",
+            "REPAIR_INIT_CONTAINER_NAME",
+            "REPAIR_BROKEN_POD_LABEL_KEY",
+            "REPAIR_BROKEN_POD_LABEL_VALUE",
             "LOG_LEVEL",
         ],
         "hbone-proxy" => &["INPOD_UDS", "TRUST_DOMAIN", "CA_DIR", "LOG_LEVEL"],

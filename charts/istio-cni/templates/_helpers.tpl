@@ -54,3 +54,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- with .Values.cni.seccompProfile }}{{ $_ := set $out "seccompProfile" . }}{{ end -}}
 {{- if $out }}{{ toYaml $out }}{{ end -}}
 {{- end -}}
+
+{{/* "true" when the repair controller has something to do (label or delete broken pods), else empty. In-place
+repair (repairPods) is not implemented: alone it does nothing, so it does not start the node agent. */}}
+{{- define "istio-cni.repairActive" -}}
+{{- $r := .Values.cni.repair -}}
+{{- if and $r.enabled (or $r.labelPods $r.deletePods) }}true{{ end -}}
+{{- end -}}
