@@ -50,6 +50,40 @@ pub fn namespace(name: &str, labels: Value) -> Value {
     json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name, "labels": labels } })
 }
 
+/// The init container Istio injects into sidecar pods to check redirection; it exits 126 when rules are missing.
+pub const VALIDATION_CONTAINER: &str = "istio-validation";
+/// The label the repair controller puts on broken pods in label mode (Istio's default key).
+pub const BROKEN_POD_LABEL: &str = "cni.istio.io/uninitialized";
+
+/// A sidecar-injected pod (annotated `sidecar.istio.io/status` unless `annotated` is false) on `node` whose init
+/// container `init` is crash-looping: last terminated with `exit_code`, now waiting. With `istio-validation` and
+/// 126 it is what the repair controller calls broken.
+pub fn crash_looping_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    init: &str,
+    exit_code: i32,
+    annotated: bool,
+) -> Value {
+    let mut pod = plain_pod(namespace, name);
+    pod["spec"]["nodeName"] = json!(node);
+    pod["spec"]["initContainers"] = json!([{ "name": init, "image": "proxyv2" }]);
+    if annotated {
+        pod["metadata"]["annotations"] =
+            json!({ "sidecar.istio.io/status": "{\"initContainers\":[\"istio-validation\"]}" });
+    }
+    pod["status"] = json!({
+        "phase": "Pending",
+        "initContainerStatuses": [{
+            "name": init, "ready": false, "restartCount": 2, "image": "proxyv2", "imageID": "",
+            "state": { "waiting": { "reason": "CrashLoopBackOff" } },
+            "lastState": { "terminated": { "exitCode": exit_code, "reason": "Error" } },
+        }],
+    });
+    pod
+}
+
 /// The connmark policy routing rule the in-pod rules give every enrolled pod.
 pub const CONNMARK_RULE: &str = "fwmark 0x111/0xfff lookup 100";
 
@@ -179,6 +213,11 @@ impl NodeAgent {
         crate::http::get(&self.netns, crate::install_cni::MONITORING_PORT, "/metrics")
             .map(|(_, body)| body)
             .unwrap_or_default()
+    }
+
+    /// The value of the `/metrics` sample `series` (name with its labels, e.g. `x_total{type="a"}`), if exposed.
+    pub fn metric(&self, series: &str) -> Option<u64> {
+        self.metrics().lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
 
     /// `/healthz` and `/readyz` status codes (`None` when it did not answer).

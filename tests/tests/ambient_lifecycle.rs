@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tests::mesh::{plain_pod, RuleBackend};
 use tests::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind,
-    ZdsPeer, CONNMARK_RULE, DATAPLANE_MODE,
+    ZdsPeer, BROKEN_POD_LABEL, CONNMARK_RULE, DATAPLANE_MODE, VALIDATION_CONTAINER,
 };
 use tests::pod_process::PodProcess;
 use tests::wait::{eventually, eventually_or};
@@ -472,48 +472,22 @@ fn misbehaving_proxies_are_dropped_with_a_logged_error_and_the_agent_keeps_servi
     });
 }
 
-/// The init container Istio injects to check redirection; it exits 126 when the rules are missing.
-const VALIDATION: &str = "istio-validation";
-/// The label the repair controller puts on broken pods in label mode (Istio's default key).
-const BROKEN_LABEL: &str = "cni.istio.io/uninitialized";
-
-/// A sidecar-injected pod (annotated unless `annotated` is false) on `node` whose init container `init` is
-/// crash-looping: last terminated with `exit_code`, now waiting.
+/// A sidecar pod of `NS` (see [`tests::node_agent::crash_looping_pod`]).
 fn crash_looping_pod(name: &str, node: &str, init: &str, exit_code: i32, annotated: bool) -> Value {
-    let mut pod = plain_pod(NS, name);
-    pod["spec"]["nodeName"] = json!(node);
-    pod["spec"]["initContainers"] = json!([{ "name": init, "image": "proxyv2" }]);
-    if annotated {
-        pod["metadata"]["annotations"] =
-            json!({ "sidecar.istio.io/status": "{\"initContainers\":[\"istio-validation\"]}" });
-    }
-    pod["status"] = json!({
-        "phase": "Pending",
-        "initContainerStatuses": [{
-            "name": init, "ready": false, "restartCount": 2, "image": "proxyv2", "imageID": "",
-            "state": { "waiting": { "reason": "CrashLoopBackOff" } },
-            "lastState": { "terminated": { "exitCode": exit_code, "reason": "Error" } },
-        }],
-    });
-    pod
+    tests::node_agent::crash_looping_pod(NS, name, node, init, exit_code, annotated)
 }
 
 /// A sidecar pod on this node whose validation init container succeeded and whose app runs.
 fn healthy_sidecar_pod(name: &str) -> Value {
-    let mut pod = crash_looping_pod(name, "node-1", VALIDATION, 126, true);
+    let mut pod = crash_looping_pod(name, "node-1", VALIDATION_CONTAINER, 126, true);
     pod["status"] = json!({
         "phase": "Running",
         "initContainerStatuses": [{
-            "name": VALIDATION, "ready": true, "restartCount": 0, "image": "proxyv2", "imageID": "",
+            "name": VALIDATION_CONTAINER, "ready": true, "restartCount": 0, "image": "proxyv2", "imageID": "",
             "state": { "terminated": { "exitCode": 0, "reason": "Completed" } },
         }],
     });
     pod
-}
-
-/// The value of the agent's `name{labels}` sample, if exposed.
-fn sample(agent: &NodeAgent, series: &str) -> Option<u64> {
-    agent.metrics().lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
 const REPAIRED_DELETE: &str = "istio_cni_repair_pods_repaired_total{type=\"delete\"}";
@@ -526,16 +500,16 @@ fn delete_mode_deletes_a_broken_sidecar_pod_on_this_node_and_leaves_every_other_
         ambient_node(RuleBackend::Nftables, NS, &[("AMBIENT_ENABLED", "false"), ("REPAIR_DELETE_PODS", "true")]);
     // Stored first: the controller handles the pods in watch order, so these are judged before the broken one.
     let alone = [
-        crash_looping_pod("other-node", "node-2", VALIDATION, 126, true),
-        crash_looping_pod("exit-1", "node-1", VALIDATION, 1, true),
-        crash_looping_pod("no-sidecar", "node-1", VALIDATION, 126, false),
+        crash_looping_pod("other-node", "node-2", VALIDATION_CONTAINER, 126, true),
+        crash_looping_pod("exit-1", "node-1", VALIDATION_CONTAINER, 1, true),
+        crash_looping_pod("no-sidecar", "node-1", VALIDATION_CONTAINER, 126, false),
         crash_looping_pod("other-init", "node-1", "istio-init", 126, true),
         healthy_sidecar_pod("healthy"),
     ];
     for pod in &alone {
         c.api.upsert(pod.clone()).expect("store pod");
     }
-    c.api.upsert(crash_looping_pod("broken", "node-1", VALIDATION, 126, true)).expect("store pod");
+    c.api.upsert(crash_looping_pod("broken", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
 
     eventually_or(
         "the broken pod is deleted",
@@ -549,21 +523,23 @@ fn delete_mode_deletes_a_broken_sidecar_pod_on_this_node_and_leaves_every_other_
         assert!(c.api.get("Pod", Some(NS), name).is_some(), "{name} was deleted; log:\n{log}");
         assert!(!log.contains(&format!("broken pod: {NS}/{name}")), "{name} was acted on; log:\n{log}");
     }
-    eventually("the delete is counted", || (sample(&agent, REPAIRED_DELETE) == Some(1)).then_some(()));
-    assert_eq!(sample(&agent, REPAIRED_LABEL), None, "{}", agent.metrics());
+    eventually("the delete is counted", || (agent.metric(REPAIRED_DELETE) == Some(1)).then_some(()));
+    assert_eq!(agent.metric(REPAIRED_LABEL), None, "{}", agent.metrics());
 }
 
 #[test]
 fn label_mode_labels_a_broken_pod_once_and_keeps_it() {
     let (c, agent) = ambient_node(RuleBackend::Nftables, NS, &[("REPAIR_LABEL_PODS", "true")]);
-    c.api.upsert(crash_looping_pod("stuck", "node-1", VALIDATION, 126, true)).expect("store pod");
+    c.api.upsert(crash_looping_pod("stuck", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
 
     let labelled = |name: &str| {
-        c.api.get("Pod", Some(NS), name).and_then(|p| p["metadata"]["labels"][BROKEN_LABEL].as_str().map(String::from))
+        c.api
+            .get("Pod", Some(NS), name)
+            .and_then(|p| p["metadata"]["labels"][BROKEN_POD_LABEL].as_str().map(String::from))
     };
     let value = eventually_or("the broken pod is labelled", || labelled("stuck"), || agent.log());
     assert_eq!(value, "true");
-    eventually("the label is counted", || (sample(&agent, REPAIRED_LABEL) == Some(1)).then_some(()));
+    eventually("the label is counted", || (agent.metric(REPAIRED_LABEL) == Some(1)).then_some(()));
     assert!(agent.log().contains(&format!("Labelling broken pod: {NS}/stuck")));
 
     // The kubelet records the next failed attempt; the pod keeps its label and must not be labelled again. A
@@ -571,34 +547,34 @@ fn label_mode_labels_a_broken_pod_once_and_keeps_it() {
     let mut pod = c.api.get("Pod", Some(NS), "stuck").expect("labelled pod still stored");
     pod["status"]["initContainerStatuses"][0]["restartCount"] = json!(3);
     c.api.upsert(pod).expect("store status update");
-    c.api.upsert(crash_looping_pod("stuck-2", "node-1", VALIDATION, 126, true)).expect("store pod");
+    c.api.upsert(crash_looping_pod("stuck-2", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
     eventually_or("the second broken pod is labelled", || labelled("stuck-2"), || agent.log());
-    eventually("the second label is counted", || (sample(&agent, REPAIRED_LABEL) == Some(2)).then_some(()));
+    eventually("the second label is counted", || (agent.metric(REPAIRED_LABEL) == Some(2)).then_some(()));
 
     let log = agent.log();
     assert_eq!(log.matches(&format!("Labelling broken pod: {NS}/stuck\n")).count(), 1, "{log}");
     assert!(c.api.get("Pod", Some(NS), "stuck").is_some() && c.api.get("Pod", Some(NS), "stuck-2").is_some());
-    assert_eq!(sample(&agent, REPAIRED_DELETE), None);
+    assert_eq!(agent.metric(REPAIRED_DELETE), None);
 }
 
 #[test]
 fn with_repair_disabled_a_broken_pod_is_left_alone() {
     let c = Cluster::with_backend(RuleBackend::Nftables);
     c.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-    c.api.upsert(crash_looping_pod("broken", "node-1", VALIDATION, 126, true)).expect("store pod");
+    c.api.upsert(crash_looping_pod("broken", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
     let overrides = [("REPAIR_ENABLED", "false"), ("REPAIR_DELETE_PODS", "true"), ("REPAIR_LABEL_PODS", "true")];
     // Ready means the pod watch has listed the broken pod; a later update of it is observed too.
     let agent = NodeAgent::start(&c, &overrides);
     let updates = "nodeagent_reconcile_events_total{type=\"update\"}";
-    assert_eq!(sample(&agent, updates), Some(1), "{}", agent.metrics());
+    assert_eq!(agent.metric(updates), Some(1), "{}", agent.metrics());
     let mut pod = c.api.get("Pod", Some(NS), "broken").expect("broken pod stored");
     pod["status"]["initContainerStatuses"][0]["restartCount"] = json!(3);
     c.api.upsert(pod).expect("store status update");
-    eventually_or("the agent sees the update", || (sample(&agent, updates) == Some(2)).then_some(()), || agent.log());
+    eventually_or("the agent sees the update", || (agent.metric(updates) == Some(2)).then_some(()), || agent.log());
 
     let pod = c.api.get("Pod", Some(NS), "broken").expect("the broken pod must not be deleted");
-    assert!(pod["metadata"]["labels"][BROKEN_LABEL].is_null(), "labelled: {pod}");
+    assert!(pod["metadata"]["labels"][BROKEN_POD_LABEL].is_null(), "labelled: {pod}");
     let log = agent.log();
     assert!(log.contains("repair controller idle") && !log.contains("broken pod:"), "{log}");
-    assert_eq!(sample(&agent, REPAIRED_DELETE).or(sample(&agent, REPAIRED_LABEL)), None);
+    assert_eq!(agent.metric(REPAIRED_DELETE).or(agent.metric(REPAIRED_LABEL)), None);
 }

@@ -1,7 +1,7 @@
 //! Fault injection on the node side, with explicit expectations: the API server refusing, erroring or slow; the
 //! node agent SIGKILLed while pods enroll; a netns that is gone by the time the agent programs it; the conf dir on
-//! a full disk. Each test asserts what would break if data were lost, a pod bypassed the mesh, or a file were
-//! corrupted. Real binaries, real netns, the fake API server's injected faults.
+//! a full disk; a repair (pod delete) the API refuses. Each test asserts what would break if data were lost, a pod
+//! bypassed the mesh, or a file were corrupted. Real binaries, real netns, the fake API server's injected faults.
 //!
 //! Covered elsewhere: the plugin failing closed (code 11) with the API down (`plugin_sidecar.rs::
 //! add_fails_closed_with_code_11_when_the_api_server_is_down`), a ZDS client sending garbage to the agent
@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 use tests::install_cni::{Installer, PLUGIN, READINESS_PORT};
 use tests::mesh::RuleBackend;
 use tests::node_agent::{
-    ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind,
-    ZdsPeer, CONNMARK_RULE, REDIRECTION_ANNOTATION,
+    ambient_conflist, ambient_node, ambient_pod, crash_looping_pod, namespace, netns_id, redirection, uid, NodeAgent,
+    RequestKind, ZdsPeer, CONNMARK_RULE, REDIRECTION_ANNOTATION, VALIDATION_CONTAINER,
 };
 use tests::pod_process::PodProcess;
 use tests::runtime::RuntimeError;
@@ -172,6 +172,37 @@ fn the_agent_rides_out_an_api_server_that_refuses_errors_or_is_slow_and_catches_
     assert_eq!(adds.iter().map(|a| a.fds.clone()).collect::<Vec<_>>(), vec![vec![netns_id(&slow.netns)]]);
     assert_eq!(redirection(&c, NS, "slow").as_deref(), Some("enabled"));
     assert!(has_inpod_rules(&slow.netns));
+}
+
+#[test]
+fn a_repair_the_api_refuses_is_logged_and_retried_on_the_pods_next_update() {
+    let (c, agent) = ambient_node(RuleBackend::Nftables, NS, &[("REPAIR_DELETE_PODS", "true")]);
+    // Open watches keep streaming; every new request, the repair's DELETE included, gets a 500.
+    c.api.set_fault(Some(Fault::Status(500)));
+    c.api.upsert(crash_looping_pod(NS, "broken", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
+    let failure = eventually_or(
+        "the failed delete is logged",
+        || agent.log().lines().find(|l| l.contains("repairing broken pod failed")).map(String::from),
+        || agent.log(),
+    );
+    assert!(failure.contains("shop/broken") && failure.contains("delete") && failure.contains("500"), "{failure}");
+    c.api.set_fault(None);
+    assert!(c.api.get("Pod", Some(NS), "broken").is_some());
+    assert_eq!(agent.probes(), (Some(200), Some(200)), "the agent keeps running");
+    let deleted = "istio_cni_repair_pods_repaired_total{type=\"delete\"}";
+    assert_eq!(agent.metric(deleted), None, "a failed delete is not counted");
+
+    // The kubelet records the next failed attempt: that update brings the retry.
+    let mut pod = c.api.get("Pod", Some(NS), "broken").expect("broken pod stored");
+    pod["status"]["initContainerStatuses"][0]["restartCount"] = json!(3);
+    c.api.upsert(pod).expect("store status update");
+    eventually_or(
+        "the retried delete succeeds",
+        || c.api.get("Pod", Some(NS), "broken").is_none().then_some(()),
+        || agent.log(),
+    );
+    eventually("the delete is counted once", || (agent.metric(deleted) == Some(1)).then_some(()));
+    assert_eq!(agent.log().matches("Deleting broken pod: shop/broken").count(), 2, "{}", agent.log());
 }
 
 #[test]
