@@ -70,7 +70,8 @@ pub struct RepairConfig {
     /// Delete broken pods so their controller recreates them.
     #[arg(long = "repair-delete-pods", env = "REPAIR_DELETE_PODS", default_value_t = false, action = ArgAction::Set)]
     pub delete_pods: bool,
-    /// Istio's in-place repair; not implemented here: accepted, warned about, falls back to labelling if set.
+    /// Istio's in-place repair: the broken pod's netns (found through HOST_PROC) gets the sidecar redirect rules the
+    /// plugin would have programmed. Takes precedence; delete or label mode, if set, is the fallback when it fails.
     #[arg(long = "repair-repair-pods", env = "REPAIR_REPAIR_PODS", default_value_t = false, action = ArgAction::Set)]
     pub repair_pods: bool,
     /// The node whose pods are repaired; when set it must equal NODE_NAME (the agent watches that node's pods).

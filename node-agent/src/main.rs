@@ -1,5 +1,5 @@
 //! `node-agent`: enrolls ambient pods on this node and streams their network namespaces to the node proxy; its
-//! repair controller also labels or deletes sidecar pods that started before the plugin was ready.
+//! repair controller also repairs (in place), labels or deletes sidecar pods that started before the plugin was ready.
 
 mod cache;
 mod config;
@@ -53,21 +53,27 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let (drain_trigger, drain) = Drain::new();
     config.common.serve_probes(&probe, &drain).await?;
     let client = kube::Client::try_default().await.context("Kubernetes client")?;
-    if let Some(repair) = repair::start(client.clone(), &config, metrics.clone()) {
+    // Ambient pods and in-place repairs of sidecar pods get their rules from the same backend.
+    let backend = if config.ambient_enabled || repair::repairs_in_place(&config.repair) {
+        let backend = Backend::select(config.native_nftables, config.force_iptables_binary.as_deref())?;
+        tracing::info!(%backend, "in-pod rules backend");
+        redirect::backend::warn_if_mixed(backend);
+        Some(backend)
+    } else {
+        None
+    };
+    if let Some(repair) = repair::start(client.clone(), &config, metrics.clone(), backend) {
         tokio::spawn(repair);
     }
-    if !config.ambient_enabled {
-        // Sidecar-only installs run the agent for the repair controller alone: no rules, host probe or sockets.
+    let Some(backend) = backend.filter(|_| config.ambient_enabled) else {
+        // Sidecar-only installs run the agent for the repair controller alone: no ambient rules, host probe or
+        // sockets.
         tracing::info!("ambient disabled: only the repair controller runs");
         probe.set_ready();
         let sig = shutdown.await;
         tracing::info!(signal = ?sig, "shutting down");
         return Ok(());
-    }
-
-    let backend = Backend::select(config.native_nftables, config.force_iptables_binary.as_deref())?;
-    tracing::info!(%backend, "in-pod rules backend");
-    redirect::backend::warn_if_mixed(backend);
+    };
     let probe_config = HostProbeConfig {
         enable_ipv6: config.ambient_ipv6,
         kubelet_uid: find_kubelet_uid(&config.host_proc).unwrap_or(0),

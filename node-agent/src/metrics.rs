@@ -31,7 +31,7 @@ pub struct Phase {
 /// Label of the repair counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RepairType {
-    /// `label` or `delete`.
+    /// `repair`, `label` or `delete`.
     pub r#type: String,
 }
 
@@ -79,7 +79,7 @@ impl Metrics {
         // The registry adds no prefix and the counter adds `_total`: exposed as istio_cni_repair_pods_repaired_total.
         registry.register(
             "istio_cni_repair_pods_repaired",
-            "Broken pods repaired by the repair controller, by type (label, delete)",
+            "Broken pods repaired by the repair controller, by type (repair, label, delete)",
             m.pods_repaired.clone(),
         );
         m

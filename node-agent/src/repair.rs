@@ -1,9 +1,10 @@
 //! Istio's race repair controller. A sidecar pod that started before the plugin was chained on its node has no
 //! redirect rules, and its `istio-validation` init container keeps exiting with 126. This watches the pods on
-//! this node and labels (`REPAIR_LABEL_PODS`) or deletes (`REPAIR_DELETE_PODS`) each such broken pod once.
-//! Istio's in-place repair (`REPAIR_REPAIR_PODS`) is not implemented.
+//! this node and repairs each such broken pod once: in place (`REPAIR_REPAIR_PODS`: its netns gets the rules the
+//! plugin would have programmed), or by deleting (`REPAIR_DELETE_PODS`) or labelling (`REPAIR_LABEL_PODS`) it.
 
 mod broken;
+mod in_place;
 
 use std::collections::HashSet;
 
@@ -13,64 +14,84 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client};
+use redirect::backend::Backend;
 use serde_json::json;
 
 use crate::config::{Config, RepairConfig};
 use crate::metrics::{Metrics, RepairType};
 use broken::Criteria;
+use in_place::InPlace;
 
 /// What the controller does with a broken pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
+    Repair,
     Label,
     Delete,
 }
 
 impl Action {
-    /// Istio's precedence (repair, then delete, then label); in-place repair falls back to labelling when
-    /// `REPAIR_LABEL_PODS` is set and to nothing otherwise. `None`: nothing to do.
-    fn select(repair: &RepairConfig) -> Option<Action> {
+    /// The selected modes in Istio's precedence (repair, then delete, then label): the first is tried, and when
+    /// in-place repair fails the second, if any, is the fallback. Empty: nothing to do.
+    fn select(repair: &RepairConfig) -> Vec<Action> {
         if !repair.enabled {
-            None
-        } else if repair.repair_pods {
-            repair.label_pods.then_some(Action::Label)
-        } else if repair.delete_pods {
+            return Vec::new();
+        }
+        let fallback = if repair.delete_pods {
             Some(Action::Delete)
         } else if repair.label_pods {
             Some(Action::Label)
         } else {
             None
-        }
+        };
+        repair.repair_pods.then_some(Action::Repair).into_iter().chain(fallback).collect()
     }
 
     fn name(self) -> &'static str {
         match self {
+            Action::Repair => "repair",
             Action::Label => "label",
             Action::Delete => "delete",
         }
     }
 }
 
+/// Whether the settings ask for in-place repair, which needs a rule backend (the agent selects one for it even
+/// when ambient is off).
+pub fn repairs_in_place(repair: &RepairConfig) -> bool {
+    repair.enabled && repair.repair_pods
+}
+
 /// The controller's task: it watches the pods on this node and repairs the broken ones until the watch ends.
-/// `None` when the settings select no action. Failed API calls are logged and retried on the pod's next update.
-pub fn start(client: Client, config: &Config, metrics: Metrics) -> Option<impl std::future::Future<Output = ()>> {
+/// `None` when the settings select no action. `backend` programs in-place repairs (see [`repairs_in_place`]).
+/// Failures are logged and retried on the pod's next update.
+pub fn start(
+    client: Client,
+    config: &Config,
+    metrics: Metrics,
+    backend: Option<Backend>,
+) -> Option<impl std::future::Future<Output = ()>> {
     let repair = &config.repair;
-    if repair.enabled && repair.repair_pods {
-        tracing::warn!(
-            fallback = if repair.label_pods { "label" } else { "none" },
-            "REPAIR_REPAIR_PODS: this implementation does not repair pods in place; broken pods are only labelled \
-             when REPAIR_LABEL_PODS is set, otherwise left alone"
-        );
-    }
-    let Some(action) = Action::select(repair) else {
+    let actions = Action::select(repair);
+    let Some(first) = actions.first() else {
         tracing::info!(enabled = repair.enabled, "repair controller idle: no repair mode selected");
         return None;
     };
-    tracing::info!(action = action.name(), init_container = %repair.init_container_name, "repair controller on");
+    let in_place = match (first, backend) {
+        (Action::Repair, Some(backend)) => Some(InPlace::new(backend, config)),
+        (Action::Repair, None) => {
+            tracing::error!("in-place repair selected but no rule backend: repair controller idle");
+            return None;
+        }
+        _ => None,
+    };
+    let names: Vec<&str> = actions.iter().map(|a| a.name()).collect();
+    tracing::info!(actions = ?names, init_container = %repair.init_container_name, "repair controller on");
     let controller = Controller {
         api: client,
         criteria: Criteria::from_config(config),
-        action,
+        actions,
+        in_place,
         label: (repair.broken_pod_label_key.clone(), repair.broken_pod_label_value.clone()),
         done: HashSet::new(),
         listed: HashSet::new(),
@@ -78,10 +99,21 @@ pub fn start(client: Client, config: &Config, metrics: Metrics) -> Option<impl s
     Some(controller.watch(config.node_name.clone(), metrics))
 }
 
+/// What one action did with a broken pod.
+enum Outcome {
+    /// Done and counted.
+    Acted,
+    /// Nothing (left) to do: already labelled, gone, or a pod the plugin would not redirect.
+    Nothing,
+}
+
 struct Controller {
     api: Client,
     criteria: Criteria,
-    action: Action,
+    /// The selected actions, tried in order until one does not fail.
+    actions: Vec<Action>,
+    /// Set when the first action is in-place repair.
+    in_place: Option<InPlace>,
     label: (String, String),
     /// UIDs of pods already acted on: one action per broken pod, forgotten when the pod goes away.
     done: HashSet<String>,
@@ -126,27 +158,59 @@ impl Controller {
         pod.metadata.labels.as_ref().and_then(|l| l.get(key)) == Some(value)
     }
 
-    /// Acts on `pod` if it is broken and not handled yet.
+    /// Acts on `pod` if it is broken and not handled yet: the first action, then the fallback if it failed.
     async fn seen(&mut self, pod: &Pod, metrics: &Metrics) {
         let id = uid(pod);
         if self.done.contains(&id) || pod.metadata.deletion_timestamp.is_some() || !self.criteria.broken(pod) {
             return;
         }
-        if self.action == Action::Label && self.labelled(pod) {
-            return;
-        }
         let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or_default(), pod.metadata.name.as_deref());
         let name = name.unwrap_or_default();
+        for action in self.actions.clone() {
+            match self.act(action, pod, ns, name).await {
+                Ok(outcome) => {
+                    if let Outcome::Acted = outcome {
+                        metrics.pods_repaired.get_or_create(&RepairType { r#type: action.name().into() }).inc();
+                    }
+                    if !(action == Action::Label && matches!(outcome, Outcome::Nothing)) {
+                        self.done.insert(id);
+                    }
+                    return;
+                }
+                Err(e) => tracing::warn!(
+                    pod = %format!("{ns}/{name}"),
+                    action = action.name(),
+                    error = %e,
+                    "repairing broken pod failed"
+                ),
+            }
+        }
+        tracing::warn!(pod = %format!("{ns}/{name}"), "broken pod not repaired; retried on its next update");
+    }
+
+    async fn act(&self, action: Action, pod: &Pod, ns: &str, name: &str) -> Result<Outcome, String> {
         let api = Api::<Pod>::namespaced(self.api.clone(), ns);
-        let result = match self.action {
+        let result = match action {
+            Action::Repair => {
+                let Some(in_place) = &self.in_place else { return Err("no rule backend".into()) };
+                if let Some(reason) = in_place.skip_reason(pod) {
+                    tracing::info!(pod = %format!("{ns}/{name}"), %reason, "broken pod left without rules");
+                    return Ok(Outcome::Nothing);
+                }
+                tracing::info!("Repairing broken pod: {ns}/{name}");
+                return in_place.repair(pod).await.map(|()| Outcome::Acted).map_err(|e| e.to_string());
+            }
             Action::Delete => {
                 tracing::info!("Deleting broken pod: {ns}/{name}");
                 // The UID precondition keeps a recreated pod of the same name (a StatefulSet's) safe.
-                let preconditions = Preconditions { uid: Some(id.clone()), resource_version: None };
+                let preconditions = Preconditions { uid: Some(uid(pod)), resource_version: None };
                 let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
                 api.delete(name, &params).await.map(|_| ())
             }
             Action::Label => {
+                if self.labelled(pod) {
+                    return Ok(Outcome::Nothing);
+                }
                 tracing::info!("Labelling broken pod: {ns}/{name}");
                 let (key, value) = &self.label;
                 let patch = json!({ "metadata": { "labels": { key: value } } });
@@ -154,21 +218,40 @@ impl Controller {
             }
         };
         match result {
-            Ok(()) => {
-                self.done.insert(id);
-                metrics.pods_repaired.get_or_create(&RepairType { r#type: self.action.name().into() }).inc();
-            }
+            Ok(()) => Ok(Outcome::Acted),
             // Gone already, or replaced by a pod of the same name: nothing left to repair.
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
                 tracing::info!(pod = %format!("{ns}/{name}"), code = status.code, "broken pod already gone");
-                self.done.insert(id);
+                Ok(Outcome::Nothing)
             }
-            Err(e) => tracing::warn!(
-                pod = %format!("{ns}/{name}"),
-                action = self.action.name(),
-                error = %e,
-                "repairing broken pod failed; retried on its next update"
-            ),
+            Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    fn actions(flags: &[&str]) -> Vec<Action> {
+        let mut args = vec!["node-agent", "--node-name", "n"];
+        args.extend(flags);
+        Action::select(&Config::try_parse_from(args).unwrap().repair)
+    }
+
+    #[test]
+    fn repair_comes_first_then_delete_then_label_as_in_istio() {
+        let all = ["--repair-repair-pods", "true", "--repair-delete-pods", "true", "--repair-label-pods", "true"];
+        assert_eq!(actions(&all), [Action::Repair, Action::Delete]);
+        assert_eq!(actions(&all[..2]), [Action::Repair]);
+        assert_eq!(
+            actions(&["--repair-repair-pods", "true", "--repair-label-pods", "true"]),
+            [Action::Repair, Action::Label]
+        );
+        assert_eq!(actions(&all[2..]), [Action::Delete]);
+        assert_eq!(actions(&all[4..]), [Action::Label]);
+        assert_eq!(actions(&[]), []);
+        assert_eq!(actions(&["--repair-enabled", "false", "--repair-repair-pods", "true"]), []);
     }
 }

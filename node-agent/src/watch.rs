@@ -118,7 +118,8 @@ fn uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
 
-fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+/// The pod's IPs from its status (`podIPs`, else `podIP`); in-place repair finds netns with them too.
+pub(crate) fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
     let status = pod.status.as_ref();
     status
         .and_then(|s| s.pod_ips.as_ref())

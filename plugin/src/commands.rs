@@ -157,16 +157,10 @@ fn redirect_sidecar(
     // while the rules go in.
     let span = tracing::Span::current();
     let mixed = std::thread::spawn(move || span.in_scope(|| redirect::backend::warn_if_mixed(backend)));
-    let applied = backend.apply(netns, &plan);
+    // Never leave half a rule set: a pod that fails ADD is retried by the kubelet from a clean slate.
+    let programmed = sidecar::program(backend, netns, &plan);
     let _ = mixed.join();
-    if let Err(e) = applied {
-        // Never leave half a rule set: a pod that fails ADD is retried by the kubelet from a clean slate.
-        if let Err(cleanup) = backend.remove(netns) {
-            tracing::error!(error = %cleanup, "could not remove partial rules");
-        }
-        return Err(CniError::new(ErrorCode::Internal, format!("programming redirect rules with {backend} failed"))
-            .with_details(e.to_string()));
-    }
+    programmed?;
     tracing::info!(%backend, ipv6 = plan.v6.is_some(), "redirect rules programmed");
     Ok(())
 }

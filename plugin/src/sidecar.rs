@@ -1,11 +1,14 @@
 //! Istio's sidecar decision: whether a pod gets redirect rules, and which ones, from its annotations and its
-//! `istio-proxy` container.
+//! `istio-proxy` container; and programming them. The plugin uses it at ADD, the node agent to repair a pod that
+//! started before the plugin was chained.
 
 use std::net::IpAddr;
 
 use cni::{CniError, ErrorCode};
 use ipnet::IpNet;
-use redirect::sidecar::{CidrSpec, InterceptMode, PortSpec, SidecarConfig};
+use netns::Netns;
+use redirect::backend::Backend;
+use redirect::sidecar::{CidrSpec, InterceptMode, Plan, PortSpec, SidecarConfig};
 
 use crate::pod::{PodInfo, INIT_CONTAINER};
 
@@ -162,6 +165,19 @@ pub fn settings(pod: &PodInfo, pod_has_ipv6: bool) -> Result<SidecarConfig, CniE
         enable_ipv6: pod_has_ipv6 || env_true("ISTIO_DUAL_STACK"),
         ..SidecarConfig::default()
     })
+}
+
+/// Programs a pod's sidecar `plan` into `netns` with `backend`, all or nothing: on failure the partial rules are
+/// removed, so the next attempt (the kubelet's retry of ADD, the agent's next repair) starts from a clean slate.
+pub fn program(backend: Backend, netns: &Netns, plan: &Plan) -> Result<(), CniError> {
+    if let Err(e) = backend.apply(netns, plan) {
+        if let Err(cleanup) = backend.remove(netns) {
+            tracing::error!(error = %cleanup, "could not remove partial rules");
+        }
+        return Err(CniError::new(ErrorCode::Internal, format!("programming redirect rules with {backend} failed"))
+            .with_details(e.to_string()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2,18 +2,19 @@
 //! labelled (found through `/proc`, not the CNI path), restarts of the agent and of the node proxy, several
 //! proxy connections, and misbehaving proxies. The real `node-agent` runs in the node netns against the fake API
 //! server; running pods are real processes in real pod netns and kubelet-style cgroups. Also the repair
-//! controller: sidecar pods crash-looping on `istio-validation` are deleted or labelled, other pods left alone.
+//! controller: sidecar pods crash-looping on `istio-validation` are repaired in place (their netns gets the
+//! plugin's sidecar rules), deleted or labelled; other pods are left alone.
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tests::mesh::{plain_pod, RuleBackend};
+use tests::mesh::{annotate, plain_pod, sidecar_pod, RuleBackend, OUTBOUND_PORT};
 use tests::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind,
     ZdsPeer, BROKEN_POD_LABEL, CONNMARK_RULE, DATAPLANE_MODE, VALIDATION_CONTAINER,
@@ -492,6 +493,7 @@ fn healthy_sidecar_pod(name: &str) -> Value {
 
 const REPAIRED_DELETE: &str = "istio_cni_repair_pods_repaired_total{type=\"delete\"}";
 const REPAIRED_LABEL: &str = "istio_cni_repair_pods_repaired_total{type=\"label\"}";
+const REPAIRED_IN_PLACE: &str = "istio_cni_repair_pods_repaired_total{type=\"repair\"}";
 
 #[test]
 fn delete_mode_deletes_a_broken_sidecar_pod_on_this_node_and_leaves_every_other_pod_alone() {
@@ -577,4 +579,108 @@ fn with_repair_disabled_a_broken_pod_is_left_alone() {
     let log = agent.log();
     assert!(log.contains("repair controller idle") && !log.contains("broken pod:"), "{log}");
     assert_eq!(agent.metric(REPAIRED_DELETE).or(agent.metric(REPAIRED_LABEL)), None);
+}
+
+/// `pod` (a sidecar pod object) as the kubelet reports it when the race hit: UID `uid`, sandbox up with `ip`, and
+/// `istio-validation` crash-looping with 126 because the netns has no redirect rules.
+fn broken_sidecar_pod(mut pod: Value, uid: &str, ip: Ipv4Addr) -> Value {
+    let crash = crash_looping_pod("any", "node-1", VALIDATION_CONTAINER, 126, true);
+    pod["metadata"]["uid"] = json!(uid);
+    pod["spec"]["initContainers"] = crash["spec"]["initContainers"].clone();
+    pod["status"] = crash["status"].clone();
+    pod["status"]["podIP"] = json!(ip.to_string());
+    pod["status"]["podIPs"] = json!([{ "ip": ip.to_string() }]);
+    pod
+}
+
+/// A pod UID unique to this test process.
+fn fresh_uid() -> String {
+    let n = UIDS.fetch_add(1, Ordering::Relaxed);
+    format!("{:08x}-0000-4000-8000-{n:012x}", std::process::id())
+}
+
+/// A sidecar pod attached by the runtime while istio-cni was not chained yet (the conflist has only the bridge),
+/// with its "container" running, and its Pod object stored as broken.
+fn start_unchained_sidecar_pod(c: &Cluster, pod: Value) -> (Pod, PodProcess) {
+    let (ns, name) = (pod["metadata"]["namespace"].as_str().unwrap(), pod["metadata"]["name"].as_str().unwrap());
+    let attached = c
+        .node
+        .try_add_pod_with(c.node.conflist(vec![]), name, ns)
+        .unwrap_or_else(|e| panic!("CNI ADD of {ns}/{name} failed: {e}"));
+    let uid = fresh_uid();
+    let process = PodProcess::start(&attached.netns, &uid);
+    c.create(&broken_sidecar_pod(pod, &uid, attached.ip));
+    (attached, process)
+}
+
+#[test]
+fn repair_pods_programs_the_sidecar_rules_into_a_broken_pods_netns_and_skips_pods_the_plugin_would_skip() {
+    let c = Cluster::with_backend(RuleBackend::Nftables);
+    c.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+    let db = c.node.add_pod("db", NS, vec![]);
+    let (web, _web_process) = start_unchained_sidecar_pod(&c, sidecar_pod(NS, "web"));
+    let opted_out = annotate(sidecar_pod(NS, "opted-out"), "sidecar.istio.io/inject", "false");
+    let (opted_out, _opted_out_process) = start_unchained_sidecar_pod(&c, opted_out);
+
+    // Broken as the race leaves it: the app's outbound connection reaches the destination itself, no proxy.
+    let direct = db.netns.listen_tcp(8080);
+    web.netns.connect_tcp(SocketAddr::new(db.ip.into(), 8080), Some(1000)).expect("app connects");
+    assert_eq!(direct.accepted().local, SocketAddr::new(db.ip.into(), 8080), "not redirected before the repair");
+    assert!(!RuleBackend::dump_all(&web.netns).to_lowercase().contains("istio"), "rules before the repair");
+
+    let agent = NodeAgent::start(&c, &[("AMBIENT_ENABLED", "false"), ("REPAIR_REPAIR_PODS", "true")]);
+    eventually_or(
+        "the in-place repair is counted",
+        || (agent.metric(REPAIRED_IN_PLACE) == Some(1)).then_some(()),
+        || agent.log(),
+    );
+    let proxy = web.netns.listen_tcp(OUTBOUND_PORT);
+    web.netns.connect_tcp(SocketAddr::new(db.ip.into(), 8080), Some(1000)).expect("app connects");
+    let got = proxy.accepted();
+    assert_eq!(got.local.port(), OUTBOUND_PORT);
+    assert_eq!(got.original_dst, Some(SocketAddrV4::new(db.ip, 8080)));
+    assert!(web.netns.exec_ok(&["nft", "list", "tables"]).contains("istio-proxy-nat"));
+
+    // The opted-out pod is judged as the plugin judges it: no rules.
+    eventually_or(
+        "the opted-out pod is judged",
+        || agent.log().contains(&format!("pod={NS}/opted-out")).then_some(()),
+        || agent.log(),
+    );
+    let log = agent.log();
+    assert!(log.contains(&format!("Repairing broken pod: {NS}/web")), "{log}");
+    assert!(!log.contains(&format!("Repairing broken pod: {NS}/opted-out")), "{log}");
+    assert!(log.contains("InjectionDisabled"), "{log}");
+    assert!(!RuleBackend::dump_all(&opted_out.netns).to_lowercase().contains("istio"), "opted-out pod got rules");
+    // Repaired in place: neither deleted nor labelled, counted once.
+    for name in ["web", "opted-out"] {
+        let pod = c.api.get("Pod", Some(NS), name).unwrap_or_else(|| panic!("{name} was deleted; log:\n{log}"));
+        assert!(pod["metadata"]["labels"][BROKEN_POD_LABEL].is_null(), "{name} labelled: {pod}");
+    }
+    assert_eq!(agent.metric(REPAIRED_IN_PLACE), Some(1), "{}", agent.metrics());
+    assert_eq!(agent.metric(REPAIRED_DELETE).or(agent.metric(REPAIRED_LABEL)), None, "{}", agent.metrics());
+}
+
+#[test]
+fn a_failed_in_place_repair_falls_back_to_labelling() {
+    // Ambient on too: the agent's one backend serves both. No process of this pod runs: its netns cannot be found.
+    let (c, agent) =
+        ambient_node(RuleBackend::Nftables, NS, &[("REPAIR_REPAIR_PODS", "true"), ("REPAIR_LABEL_PODS", "true")]);
+    c.create(&broken_sidecar_pod(sidecar_pod(NS, "gone"), &fresh_uid(), Ipv4Addr::new(10, 254, 0, 9)));
+
+    let labelled = || {
+        c.api
+            .get("Pod", Some(NS), "gone")
+            .and_then(|p| p["metadata"]["labels"][BROKEN_POD_LABEL].as_str().map(String::from))
+    };
+    eventually_or("the pod is labelled after the repair failed", labelled, || agent.log());
+    eventually("the label is counted", || (agent.metric(REPAIRED_LABEL) == Some(1)).then_some(()));
+    let log = agent.log();
+    let failure = log.lines().find(|l| l.contains("repairing broken pod failed")).unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        failure.contains("shop/gone") && failure.contains("repair") && failure.contains("netns not found"),
+        "{failure}"
+    );
+    assert!(log.contains(&format!("Repairing broken pod: {NS}/gone")), "{log}");
+    assert_eq!(agent.metric(REPAIRED_IN_PLACE), None, "{}", agent.metrics());
 }

@@ -18,6 +18,7 @@ const AMBIENT: &str = "cni.ambient.enabled=true";
 const PROXY: &str = "proxy.enabled=true";
 const REPAIR_DELETE: &str = "cni.repair.deletePods=true";
 const REPAIR_LABEL: &str = "cni.repair.labelPods=true";
+const NO_REPAIR_IN_PLACE: &str = "cni.repair.repairPods=false";
 
 /// Every golden case: name and `--set`s.
 fn cases() -> Vec<(String, Vec<String>)> {
@@ -25,7 +26,7 @@ fn cases() -> Vec<(String, Vec<String>)> {
         ("default".to_owned(), vec![]),
         ("ambient".to_owned(), vec![AMBIENT.to_owned()]),
         ("proxy".to_owned(), vec![AMBIENT.to_owned(), PROXY.to_owned()]),
-        ("repair-sidecar-only".to_owned(), vec![REPAIR_DELETE.to_owned()]),
+        ("repair-sidecar-only".to_owned(), vec![REPAIR_DELETE.to_owned(), NO_REPAIR_IN_PLACE.to_owned()]),
     ];
     for platform in PLATFORMS {
         cases.push((format!("platform-{platform}"), vec![AMBIENT.to_owned(), format!("global.platform={platform}")]));
@@ -179,31 +180,52 @@ fn node_agent_has_exactly_its_capabilities_and_the_pod_its_scheduling_guarantees
     assert_eq!(r.env_value(c, "HOST_PROC").as_deref(), Some("/host/proc"));
 }
 
-#[test]
-fn without_ambient_there_is_no_node_agent_and_no_host_proc() {
-    let (_, r) = render(&[]);
-    assert!(r.container("istio-cni-node", "node-agent").is_none());
-    let paths: Vec<Value> =
-        list(&r.pod_spec("istio-cni-node")["volumes"]).iter().map(|v| v["hostPath"]["path"].clone()).collect();
-    assert_eq!(paths, [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni")]);
+fn host_paths(r: &Rendered) -> Vec<Value> {
+    list(&r.pod_spec("istio-cni-node")["volumes"]).iter().map(|v| v["hostPath"]["path"].clone()).collect()
 }
 
 #[test]
-fn sidecar_only_repair_runs_the_node_agent_for_repair_alone_without_capabilities_or_host_mounts() {
-    let (_, r) = render(&[REPAIR_LABEL.to_owned()]);
-    let c = r.container("istio-cni-node", "node-agent").expect("node-agent container for label repair");
-    assert_eq!(c["securityContext"]["capabilities"], json!({"drop": ["ALL"]}));
-    assert!(c["volumeMounts"].is_null(), "{}", c["volumeMounts"]);
-    assert_eq!(r.env_value(c, "AMBIENT_ENABLED").as_deref(), Some("false"));
-    assert_eq!(r.env_value(c, "REPAIR_LABEL_PODS").as_deref(), Some("true"));
-    assert_eq!(r.env_value(c, "REPAIR_DELETE_PODS").as_deref(), Some("false"));
-    let paths: Vec<Value> =
-        list(&r.pod_spec("istio-cni-node")["volumes"]).iter().map(|v| v["hostPath"]["path"].clone()).collect();
-    assert_eq!(paths, [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni")]);
-    // Repair on (the default) but no mode selected, or only the unimplemented in-place repair: no agent.
-    for sets in [vec![], vec!["cni.repair.repairPods=true".to_owned()]] {
+fn without_ambient_or_any_repair_mode_there_is_no_node_agent_and_no_host_proc() {
+    for sets in [vec![NO_REPAIR_IN_PLACE.to_owned()], vec!["cni.repair.enabled=false".to_owned()]] {
         let (_, r) = render(&sets);
         assert!(r.container("istio-cni-node", "node-agent").is_none(), "{sets:?}");
+        assert_eq!(host_paths(&r), [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni")]);
+    }
+}
+
+#[test]
+fn sidecar_only_in_place_repair_by_default_gives_the_node_agent_rule_capabilities_and_host_proc_only() {
+    let (_, r) = render(&[]);
+    let c = r.container("istio-cni-node", "node-agent").expect("node-agent container for in-place repair");
+    let sc = &c["securityContext"];
+    let added: BTreeSet<&str> =
+        sc["capabilities"]["add"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(added, BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]));
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(c["volumeMounts"], json!([{ "name": "host-proc", "mountPath": "/host/proc", "readOnly": true }]));
+    assert_eq!(
+        host_paths(&r),
+        [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni"), json!("/proc")]
+    );
+    assert_eq!(r.env_value(c, "HOST_PROC").as_deref(), Some("/host/proc"));
+    assert_eq!(r.env_value(c, "AMBIENT_ENABLED").as_deref(), Some("false"));
+    assert_eq!(r.env_value(c, "REPAIR_REPAIR_PODS").as_deref(), Some("true"));
+}
+
+#[test]
+fn sidecar_only_label_or_delete_repair_runs_the_node_agent_without_capabilities_or_host_mounts() {
+    for mode in [REPAIR_LABEL, REPAIR_DELETE] {
+        let (_, r) = render(&[mode.to_owned(), NO_REPAIR_IN_PLACE.to_owned()]);
+        let c = r.container("istio-cni-node", "node-agent").expect("node-agent container for label/delete repair");
+        assert_eq!(c["securityContext"]["capabilities"], json!({"drop": ["ALL"]}), "{mode}");
+        assert!(c["volumeMounts"].is_null(), "{mode}: {}", c["volumeMounts"]);
+        assert_eq!(r.env_value(c, "AMBIENT_ENABLED").as_deref(), Some("false"));
+        assert_eq!(r.env_value(c, "REPAIR_REPAIR_PODS").as_deref(), Some("false"));
+        let set = |m: &str| Some(if m == mode { "true" } else { "false" });
+        assert_eq!(r.env_value(c, "REPAIR_LABEL_PODS").as_deref(), set(REPAIR_LABEL));
+        assert_eq!(r.env_value(c, "REPAIR_DELETE_PODS").as_deref(), set(REPAIR_DELETE));
+        assert_eq!(host_paths(&r), [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni")]);
     }
 }
 

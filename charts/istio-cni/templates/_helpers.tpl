@@ -55,9 +55,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if $out }}{{ toYaml $out }}{{ end -}}
 {{- end -}}
 
-{{/* "true" when the repair controller has something to do (label or delete broken pods), else empty. In-place
-repair (repairPods) is not implemented: alone it does nothing, so it does not start the node agent. */}}
+{{/* "true" when the repair controller has something to do (repair in place, label or delete broken pods), else
+empty. */}}
 {{- define "istio-cni.repairActive" -}}
 {{- $r := .Values.cni.repair -}}
-{{- if and $r.enabled (or $r.labelPods $r.deletePods) }}true{{ end -}}
+{{- if and $r.enabled (or $r.repairPods $r.labelPods $r.deletePods) }}true{{ end -}}
+{{- end -}}
+
+{{/* "true" when the repair controller repairs pods in place (repairPods): the node agent then enters pods' network
+namespaces and programs rules, so it needs the capabilities and host /proc the ambient agent has; else empty. */}}
+{{- define "istio-cni.repairInPlace" -}}
+{{- $r := .Values.cni.repair -}}
+{{- if and $r.enabled $r.repairPods }}true{{ end -}}
 {{- end -}}
