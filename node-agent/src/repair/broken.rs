@@ -33,19 +33,26 @@ impl Criteria {
         }
     }
 
-    /// Whether `pod` is on this node, injected, and its validation init container terminated (now or last time)
-    /// the way it does when redirection is missing.
+    /// Whether `pod` is on this node, injected, and its validation init container is failing the way it does
+    /// when redirection is missing: terminated so now, or waiting to restart after terminating so. A container
+    /// that has since run again (running, or terminated otherwise) is not broken, whatever its last state says:
+    /// a repaired pod must not be deleted by an agent that restarts later.
     pub fn broken(&self, pod: &Pod) -> bool {
         let on_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str());
         let injected =
             pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(self.sidecar_annotation.as_str()));
         let statuses = pod.status.as_ref().and_then(|s| s.init_container_statuses.as_deref()).unwrap_or_default();
         let failed = statuses.iter().filter(|s| s.name == self.init_container).any(|s| {
-            [s.state.as_ref(), s.last_state.as_ref()]
-                .into_iter()
-                .flatten()
-                .filter_map(|state| state.terminated.as_ref())
-                .any(|t| self.is_redirect_failure(t))
+            let Some(state) = s.state.as_ref() else { return false };
+            match (&state.terminated, &state.waiting) {
+                (Some(now), _) => self.is_redirect_failure(now),
+                (None, Some(_)) => s
+                    .last_state
+                    .as_ref()
+                    .and_then(|last| last.terminated.as_ref())
+                    .is_some_and(|t| self.is_redirect_failure(t)),
+                (None, None) => false,
+            }
         });
         on_node && injected && failed
     }
@@ -72,9 +79,14 @@ mod tests {
         }
     }
 
+    /// A pod whose `init` container terminated with `code`: now (`state`), or last time (`lastState`) while it
+    /// now waits to restart.
     fn pod(node: &str, annotated: bool, init: &str, state: &str, code: i32, message: &str) -> Pod {
         let mut status = json!({ "name": init, "ready": false, "restartCount": 1, "image": "i", "imageID": "" });
         status[state] = json!({ "terminated": { "exitCode": code, "message": message } });
+        if state == "lastState" {
+            status["state"] = json!({ "waiting": { "reason": "CrashLoopBackOff" } });
+        }
         let annotations: Value = if annotated { json!({ "sidecar.istio.io/status": "{}" }) } else { json!({}) };
         serde_json::from_value(json!({
             "metadata": { "name": "p", "namespace": "ns", "annotations": annotations },
@@ -98,6 +110,17 @@ mod tests {
         assert!(!c.broken(&pod("node-1", false, "istio-validation", "lastState", 126, "")));
         assert!(!c.broken(&pod("node-1", true, "istio-init", "lastState", 126, "")));
         assert!(!c.broken(&pod("node-1", true, "istio-validation", "lastState", 1, "")));
+    }
+
+    #[test]
+    fn a_validation_container_that_ran_again_is_not_broken_whatever_its_last_state() {
+        let c = criteria("");
+        for now in [json!({ "terminated": { "exitCode": 0 } }), json!({ "running": {} })] {
+            let mut recovered = pod("node-1", true, "istio-validation", "lastState", 126, "");
+            let status = &mut recovered.status.as_mut().unwrap().init_container_statuses.as_mut().unwrap()[0];
+            status.state = Some(serde_json::from_value(now.clone()).unwrap());
+            assert!(!c.broken(&recovered), "{now}");
+        }
     }
 
     #[test]
