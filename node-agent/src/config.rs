@@ -88,10 +88,14 @@ pub struct RepairConfig {
     #[arg(long = "repair-init-container-name", env = "REPAIR_INIT_CONTAINER_NAME", default_value = "istio-validation")]
     pub init_container_name: String,
     /// Its exit code when redirection is missing.
-    #[arg(long = "repair-init-exit-code", env = "REPAIR_INIT_EXIT_CODE", default_value_t = 126)]
+    #[arg(long = "repair-init-container-exit-code", env = "REPAIR_INIT_CONTAINER_EXIT_CODE", default_value_t = 126)]
     pub init_exit_code: i32,
     /// When non-empty, the termination message must contain it too.
-    #[arg(long = "repair-init-termination-msg", env = "REPAIR_INIT_TERMINATION_MSG", default_value = "")]
+    #[arg(
+        long = "repair-init-container-termination-message",
+        env = "REPAIR_INIT_CONTAINER_TERMINATION_MESSAGE",
+        default_value = ""
+    )]
     pub init_termination_msg: String,
     /// Label key set on broken pods in label mode.
     #[arg(
