@@ -1,14 +1,15 @@
-//! install-cni's CNI config handling on arbitrary file content: libcni's load rules (discovery, on a file in a
-//! tmpfs dir), inserting our entry and removing it again. Invariants: whatever insertion accepts comes out as a
-//! config list holding every original plugin, unchanged and in order, with our entry exactly once and last;
-//! a loadable input stays loadable; inserting twice changes nothing; removing our entry gives the list back.
+//! install-cni's CNI config handling on arbitrary file content, read as a `.conf` and as a `.conflist`: libcni's
+//! load rules (discovery, on a file in a tmpfs dir), inserting our entry and removing it again. Invariants:
+//! whatever insertion accepts comes out as a config list holding every original plugin, unchanged and in order,
+//! with our entry exactly once and last; a loadable input stays loadable; inserting twice changes nothing;
+//! removing our entry gives the list back.
 
 #![no_main]
 
 use std::path::Path;
 use std::sync::OnceLock;
 
-use fuzz::cniconf::{find_primary, insert, remove_entry, standalone, PluginEntry, PLUGIN_TYPE};
+use fuzz::cniconf::{find_primary, insert, remove_entry, standalone, ConfForm, PluginEntry, PLUGIN_TYPE};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 
@@ -51,10 +52,11 @@ fn is_ours(plugin: &Value) -> bool {
     plugin.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
 }
 
-fuzz_target!(|data: &[u8]| {
-    let loadable = loadable_as(data, "10-primary.conf") || loadable_as(data, "10-primary.conflist");
+/// The invariants for `data` in a file named `name`, which libcni reads as `form`.
+fn check(data: &[u8], name: &str, form: ConfForm) {
+    let loadable = loadable_as(data, name);
     let entry = entry();
-    let Ok(out) = insert(data, &entry) else {
+    let Ok(out) = insert(data, &entry, form) else {
         assert!(!loadable, "insertion refused a config libcni would load");
         return;
     };
@@ -64,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
     let plugins = written["plugins"].as_array().expect("insert writes a list");
     let (last, before) = plugins.split_last().expect("at least our entry");
     assert_eq!(last, &list_entry(&entry), "our entry is last");
-    if original.get("type").is_some() {
+    if form == ConfForm::Single && original.get("type").is_some() {
         // A single-plugin config is wrapped, whatever its type, minus its cniVersion.
         let mut single = original.as_object().expect("an object").clone();
         single.shift_remove("cniVersion");
@@ -89,8 +91,14 @@ fuzz_target!(|data: &[u8]| {
         let removed = remove_entry(&out).expect("our own output can be cleaned up");
         assert_eq!(removed, remove_entry(data).expect("the input list can be cleaned up"), "cleanup restores the list");
     }
-    assert_eq!(insert(&out, &entry).expect("our own output is accepted"), out, "inserting twice changed the file");
+    let again = insert(&out, &entry, ConfForm::List).expect("our own output is accepted");
+    assert_eq!(again, out, "inserting twice changed the file");
     if loadable {
         assert!(loadable_as(&out, "10-primary.conflist"), "a loadable config became unloadable");
     }
+}
+
+fuzz_target!(|data: &[u8]| {
+    check(data, "10-primary.conf", ConfForm::Single);
+    check(data, "10-primary.conflist", ConfForm::List);
 });

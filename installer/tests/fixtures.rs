@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use installer::atomic::{is_temp_name, remove_stale_temps, write_atomic, TEMP_PREFIX};
 use installer::cniconf::{
-    apply, check, cleanup, desired, find_primary, insert, remove_entry, standalone, Change, ConfSettings, Invalid,
-    Malformed, PluginEntry,
+    apply, check, cleanup, desired, find_primary, insert, remove_entry, standalone, Change, ConfForm, ConfSettings,
+    Invalid, Malformed, PluginEntry,
 };
 use installer::kubeconfig::{render, KubeconfigError, KubeconfigSettings};
 use serde_json::json;
@@ -108,7 +108,8 @@ fn merge_goldens() {
         ("unit/list.conflist", "unit/list.conflist.golden"),
         ("unit/list-with-istio.conflist", "unit/list-with-istio.conflist.golden"),
     ] {
-        let merged = insert(&read(existing), &entry).unwrap_or_else(|e| panic!("{existing}: {e}"));
+        let merged = insert(&read(existing), &entry, ConfForm::of(Path::new(existing)))
+            .unwrap_or_else(|e| panic!("{existing}: {e}"));
         assert_eq!(text(&merged), text(&read(golden)), "{existing}");
     }
 }
@@ -118,18 +119,43 @@ fn merge_goldens() {
 #[test]
 fn merge_rejects_malformed_existing_configs() {
     let entry = unit_entry(false);
-    assert!(matches!(insert(&read("unit/invalid-map.conflist"), &entry), Err(Malformed::NoPluginList)));
-    assert!(matches!(insert(&read("unit/invalid-arr.conflist"), &entry), Err(Malformed::NotObject)));
-    assert!(matches!(insert(&read("integration/pre/non_json.conf"), &entry), Err(Malformed::NotJson(_))));
+    assert!(matches!(insert(&read("unit/invalid-map.conflist"), &entry, ConfForm::List), Err(Malformed::NoPluginList)));
+    assert!(matches!(insert(&read("unit/invalid-arr.conflist"), &entry, ConfForm::List), Err(Malformed::NotObject)));
+    assert!(matches!(
+        insert(&read("integration/pre/non_json.conf"), &entry, ConfForm::Single),
+        Err(Malformed::NotJson(_))
+    ));
     let bad_plugin = br#"{"name":"x","plugins":[{"type":"bridge"},7]}"#;
-    assert!(matches!(insert(bad_plugin, &entry), Err(Malformed::PluginNotObject(1))));
+    assert!(matches!(insert(bad_plugin, &entry, ConfForm::List), Err(Malformed::PluginNotObject(1))));
+}
+
+/// Found by the cniconf fuzzer: libcni reads a `.conflist` as a list whatever top-level fields it has, so a
+/// stray `type` there must not make us wrap the whole list as one plugin (Istio does, and breaks the node).
+#[test]
+fn a_conflist_with_a_stray_top_level_type_stays_a_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let existing = br#"{"name":"n","type":"","plugins":[{"type":"bridge"},{"type":"tuning"}]}"#;
+    fs::write(dir.path().join("10-net.conflist"), existing).unwrap();
+    let primary = find_primary(dir.path(), None, None).unwrap().expect("libcni loads it as a list");
+    let merged = insert(existing, &unit_entry(false), ConfForm::of(&primary)).unwrap();
+    let merged: serde_json::Value = serde_json::from_slice(&merged).unwrap();
+    let types: Vec<&str> = merged["plugins"].as_array().unwrap().iter().map(|p| p["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["bridge", "tuning", "istio-cni"]);
+    // The same bytes in a `.conf` are one plugin to libcni (with an empty type it is not loadable at all), and a
+    // `.conf` with a real type and a stray `plugins` is still wrapped whole.
+    let single = br#"{"name":"n","type":"bridge","plugins":[{"type":"tuning"}]}"#;
+    let wrapped: serde_json::Value =
+        serde_json::from_slice(&insert(single, &unit_entry(false), ConfForm::Single).unwrap()).unwrap();
+    assert_eq!(wrapped["plugins"][0]["type"], "bridge");
+    assert_eq!(wrapped["plugins"].as_array().unwrap().len(), 2);
 }
 
 #[test]
 fn merge_replaces_every_old_istio_entry_and_appends_ours_last() {
     let existing = br#"{"name":"n","cniVersion":"1.0.0","plugins":[
         {"type":"istio-cni","old":1},{"type":"bridge"},{"type":"istio-cni","old":2},{"type":"tuning"}]}"#;
-    let merged: serde_json::Value = serde_json::from_slice(&insert(existing, &unit_entry(true)).unwrap()).unwrap();
+    let merged: serde_json::Value =
+        serde_json::from_slice(&insert(existing, &unit_entry(true), ConfForm::List).unwrap()).unwrap();
     let types: Vec<&str> = merged["plugins"].as_array().unwrap().iter().map(|p| p["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["bridge", "tuning", "istio-cni"]);
     assert_eq!(merged["plugins"][2]["ambient_enabled"], json!(true));

@@ -8,16 +8,38 @@ use super::error::Malformed;
 /// Name of the list a single-plugin `.conf` is wrapped into (Istio's choice).
 const WRAPPED_LIST_NAME: &str = "k8s-pod-network";
 
-/// Merges our entry into an existing config: a single-plugin config (it has a top-level `type`) is
-/// wrapped into a list named `k8s-pod-network` with cniVersion `0.3.1`, keeping every field of the
-/// original plugin but its `cniVersion`; in a list every existing `istio-cni` entry is removed and
-/// ours appended last. Whether the input is a list is decided by its content, as Istio does, so a
-/// list in an oddly named file works. Output: canonical JSON (see [`standalone`] for the one
-/// exception).
-pub fn insert(existing: &[u8], entry: &PluginEntry) -> Result<Vec<u8>, Malformed> {
+/// How libcni reads a config file, from its name: only a `.conflist` is read as a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfForm {
+    /// `.conf` / `.json`: one plugin, which must have a `type`.
+    Single,
+    /// `.conflist`: a list; a top-level `type` means nothing there.
+    List,
+}
+
+impl ConfForm {
+    /// The form libcni gives the file at `path`.
+    pub fn of(path: &std::path::Path) -> Self {
+        if path.extension().is_some_and(|e| e == "conflist") {
+            ConfForm::List
+        } else {
+            ConfForm::Single
+        }
+    }
+}
+
+/// Merges our entry into an existing config: a single-plugin config is wrapped into a list named
+/// `k8s-pod-network` with cniVersion `0.3.1`, keeping every field of the original plugin but its
+/// `cniVersion`; in a list every existing `istio-cni` entry is removed and ours appended last.
+/// A file is single when libcni reads it so (`form` is [`ConfForm::Single`]) and it has a top-level
+/// `type`; a single-form file without one is taken as a list, so a list in an oddly named file works.
+/// Istio decides by `type` alone, so a `.conflist` with a stray top-level `type` gets wrapped whole
+/// as one plugin of that type: the node's network breaks. The form keeps that list a list. Output: canonical JSON (see
+/// [`standalone`] for the one exception).
+pub fn insert(existing: &[u8], entry: &PluginEntry, form: ConfForm) -> Result<Vec<u8>, Malformed> {
     let mut map = parse_object(existing)?;
     let ours = entry.to_list_json();
-    let list = if map.contains_key("type") {
+    let list = if form == ConfForm::Single && map.contains_key("type") {
         map.shift_remove("cniVersion");
         let mut list = Map::new();
         list.insert("cniVersion".into(), Value::from(CNI_VERSION));

@@ -13,7 +13,7 @@ pub use check::{check, Invalid};
 pub use discover::find_primary;
 pub use entry::{PluginEntry, PLUGIN_TYPE};
 pub use error::{ConfError, Malformed};
-pub use json::{insert, remove_entry, standalone};
+pub use json::{insert, remove_entry, standalone, ConfForm};
 pub use plan::{
     apply, cleanup, desired, strip_file, Change, ConfSettings, Desired, DEFAULT_OWNED_FILENAME,
     DEFAULT_STANDALONE_FILENAME, NEW_FILE_MODE,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::discover::find_primary;
 use super::entry::PluginEntry;
 use super::error::ConfError;
-use super::json::{insert, remove_entry, standalone};
+use super::json::{insert, remove_entry, standalone, ConfForm};
 use crate::atomic::{rename_synced, write_atomic};
 
 /// File name of the standalone config when `CNI_CONF_NAME` is unset (Istio's name: it sorts after
@@ -91,7 +91,8 @@ pub fn desired(dir: &Path, settings: &ConfSettings, entry: &PluginEntry) -> Resu
         return Ok(None);
     };
     let existing = fs::read(&primary).map_err(|source| ConfError::Read { path: primary.clone(), source })?;
-    let bytes = insert(&existing, entry).map_err(|reason| ConfError::Malformed { path: primary.clone(), reason })?;
+    let bytes = insert(&existing, entry, ConfForm::of(&primary))
+        .map_err(|reason| ConfError::Malformed { path: primary.clone(), reason })?;
     let plan = match owned {
         Some(name) => {
             let target = dir.join(name);
