@@ -5,8 +5,6 @@ use serde::{Deserialize, Serialize};
 
 /// Path of the add endpoint on the agent's socket.
 pub const CMDADD_PATH: &str = "/cmdadd";
-/// File name of the agent's socket in the run dir.
-pub const SOCKET_NAME: &str = "pluginevent.sock";
 
 /// A pod the plugin hands over for enrollment. Field names are Istio's (Go's exported names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

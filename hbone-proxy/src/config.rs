@@ -30,7 +30,7 @@ pub enum MtlsMode {
 #[command(name = "hbone-proxy", about = "HBONE node proxy for ambient pods")]
 pub struct Config {
     /// The node agent's ZDS socket.
-    #[arg(long, env = "INPOD_UDS", default_value = zds::DEFAULT_SOCKET_PATH)]
+    #[arg(long, env = "INPOD_UDS", default_value = istio_contract::paths::ZDS_SOCKET)]
     pub inpod_uds: PathBuf,
     /// The mesh trust domain: local identities are minted in it and peers must belong to it.
     #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use istio_contract::enablement::Selectors;
+use istio_contract::paths;
 
-/// Istio's default ambient enablement selectors: the pod label, or the namespace label unless the pod opts out.
-const DEFAULT_ENABLEMENT_SELECTORS: &str = r#"[{"podSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}},{"podSelector":{"matchExpressions":[{"key":"istio.io/dataplane-mode","operator":"NotIn","values":["none"]}]},"namespaceSelector":{"matchLabels":{"istio.io/dataplane-mode":"ambient"}}}]"#;
 
 /// Every setting of the agent. Validated once in [`Config::validate`] and passed down by reference.
 #[derive(Debug, Clone, Parser)]
@@ -22,7 +22,7 @@ pub struct Config {
     #[arg(long, env = "MOUNTED_CNI_NET_DIR", default_value = "/host/etc/cni/net.d")]
     pub mounted_cni_net_dir: PathBuf,
     /// Run dir shared with the plugin and the node agent (kubeconfig, socket, logs).
-    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = "/var/run/istio-cni")]
+    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = paths::RUN_DIR)]
     pub cni_agent_run_dir: PathBuf,
     /// File mode of the plugin's kubeconfig, in octal.
     #[arg(long, env = "KUBECONFIG_MODE", default_value = "600", value_parser = parse_mode)]
@@ -42,8 +42,9 @@ pub struct Config {
     /// Whether ambient mode is enabled (the plugin then hands ambient pods to the node agent).
     #[arg(long, env = "AMBIENT_ENABLED", default_value_t = false, action = ArgAction::Set)]
     pub ambient_enabled: bool,
-    /// Ambient enablement selectors as a JSON list of pod/namespace LabelSelectors.
-    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR", default_value = DEFAULT_ENABLEMENT_SELECTORS, value_parser = parse_json)]
+    /// Ambient enablement selectors as a JSON list of pod/namespace LabelSelectors (Istio's by default: the pod
+    /// label, or the namespace label unless the pod opts out).
+    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR", default_value_t = Selectors::default().to_json(), value_parser = parse_json)]
     pub ambient_enablement_selector: serde_json::Value,
     /// Retry API errors during the plugin's ambient detection.
     #[arg(long, env = "ENABLE_AMBIENT_DETECTION_RETRY", default_value_t = false, action = ArgAction::Set)]
@@ -179,7 +180,7 @@ impl Config {
 
     /// Where the plugin's kubeconfig goes.
     pub fn kubeconfig_path(&self) -> PathBuf {
-        self.cni_agent_run_dir.join("istio-cni-kubeconfig")
+        self.cni_agent_run_dir.join(paths::KUBECONFIG_FILE)
     }
 
     /// Istio-owned mode only applies when chained and ambient are on too, as in Istio.

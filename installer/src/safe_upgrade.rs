@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
 /// Name of the DaemonSet, fixed by the chart (the plugin's self-bypass depends on it too).
-pub const DAEMONSET_NAME: &str = "istio-cni-node";
+use istio_contract::names::CNI_DAEMONSET;
 
 /// What the API says about our DaemonSet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,11 +22,11 @@ pub enum Verdict {
 /// Asks the API server (in-cluster config, or `KUBECONFIG`) whether this is an upgrade or an uninstall.
 pub async fn verdict(namespace: &str, node_name: &str) -> Result<Verdict, kube::Error> {
     let client = Client::try_default().await?;
-    let Some(ds) = Api::<DaemonSet>::namespaced(client.clone(), namespace).get_opt(DAEMONSET_NAME).await? else {
-        return Ok(Verdict::CleanUp(format!("DaemonSet {namespace}/{DAEMONSET_NAME} is gone")));
+    let Some(ds) = Api::<DaemonSet>::namespaced(client.clone(), namespace).get_opt(CNI_DAEMONSET).await? else {
+        return Ok(Verdict::CleanUp(format!("DaemonSet {namespace}/{CNI_DAEMONSET} is gone")));
     };
     if ds.metadata.deletion_timestamp.is_some() {
-        return Ok(Verdict::CleanUp(format!("DaemonSet {namespace}/{DAEMONSET_NAME} is being deleted")));
+        return Ok(Verdict::CleanUp(format!("DaemonSet {namespace}/{CNI_DAEMONSET} is being deleted")));
     }
     let selector = ds.spec.and_then(|s| s.template.spec).and_then(|s| s.node_selector).unwrap_or_default();
     if selector.is_empty() {

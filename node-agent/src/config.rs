@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
-use enablement::Selectors;
+use istio_contract::enablement::{SelectorError, Selectors};
+use istio_contract::{names, paths};
 
 /// Every setting of the agent, validated once at startup.
 #[derive(Debug, Clone, Parser)]
@@ -28,13 +29,13 @@ pub struct Config {
     #[arg(long, env = "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", default_value_t = false, action = ArgAction::Set)]
     pub ambient_reconcile_pod_rules_on_startup: bool,
     /// The ZDS socket the node proxy connects to.
-    #[arg(long, env = "ZTUNNEL_UDS_ADDRESS", default_value = "/var/run/ztunnel/ztunnel.sock")]
+    #[arg(long, env = "ZTUNNEL_UDS_ADDRESS", default_value = paths::ZDS_SOCKET)]
     pub ztunnel_uds_address: PathBuf,
     /// Namespaces that are never enrolled (comma separated).
     #[arg(long, env = "EXCLUDE_NAMESPACES", default_value = "", value_delimiter = ',')]
     pub exclude_namespaces: Vec<String>,
     /// Run dir shared with the plugin (pluginevent.sock).
-    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = "/var/run/istio-cni")]
+    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = paths::RUN_DIR)]
     pub cni_agent_run_dir: PathBuf,
     /// Program rules with native nftables instead of iptables.
     #[arg(long, env = "NATIVE_NFTABLES", default_value_t = false, action = ArgAction::Set)]
@@ -81,14 +82,18 @@ pub struct RepairConfig {
     #[arg(
         long = "repair-sidecar-annotation",
         env = "REPAIR_SIDECAR_ANNOTATION",
-        default_value = "sidecar.istio.io/status"
+        default_value = names::SIDECAR_STATUS_ANNOTATION
     )]
     pub sidecar_annotation: String,
     /// The init container that fails when redirection is missing.
-    #[arg(long = "repair-init-container-name", env = "REPAIR_INIT_CONTAINER_NAME", default_value = "istio-validation")]
+    #[arg(long = "repair-init-container-name", env = "REPAIR_INIT_CONTAINER_NAME", default_value = names::VALIDATION_CONTAINER)]
     pub init_container_name: String,
     /// Its exit code when redirection is missing.
-    #[arg(long = "repair-init-container-exit-code", env = "REPAIR_INIT_CONTAINER_EXIT_CODE", default_value_t = 126)]
+    #[arg(
+        long = "repair-init-container-exit-code",
+        env = "REPAIR_INIT_CONTAINER_EXIT_CODE",
+        default_value_t = names::VALIDATION_EXIT_CODE
+    )]
     pub init_exit_code: i32,
     /// When non-empty, the termination message must contain it too.
     #[arg(
@@ -101,7 +106,7 @@ pub struct RepairConfig {
     #[arg(
         long = "repair-broken-pod-label-key",
         env = "REPAIR_BROKEN_POD_LABEL_KEY",
-        default_value = "cni.istio.io/uninitialized"
+        default_value = names::BROKEN_POD_LABEL
     )]
     pub broken_pod_label_key: String,
     /// Label value set on broken pods in label mode.
@@ -111,7 +116,7 @@ pub struct RepairConfig {
 
 impl Config {
     /// Parses the selectors (Istio's defaults when unset) so a typo fails at startup.
-    pub fn selectors(&self) -> Result<Selectors, enablement::SelectorError> {
+    pub fn selectors(&self) -> Result<Selectors, SelectorError> {
         if self.ambient_enablement_selector.trim().is_empty() {
             Ok(Selectors::default())
         } else {

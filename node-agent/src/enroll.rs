@@ -15,18 +15,16 @@ use redirect::backend::Backend;
 use redirect::hostprobe::HostProbe;
 use serde_json::json;
 use tracing::Instrument as _;
+use istio_contract::names::{
+    AMBIENT_BYPASS_INBOUND_CAPTURE, AMBIENT_DNS_CAPTURE, AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED,
+    REROUTE_VIRTUAL_INTERFACES,
+};
 use zds::messages::WorkloadInfo;
 use zds::server::ZdsHandle;
 
 use crate::cache::{Enrolled, PodCache};
 use crate::config::Config;
 use crate::metrics::Metrics;
-
-/// The annotation that tells users (and Istio) a pod's redirection state.
-pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
-const ANN_DNS: &str = "ambient.istio.io/dns-capture";
-const ANN_BYPASS_INBOUND: &str = "ambient.istio.io/bypass-inbound-capture";
-const ANN_VIRTUAL_IFACES: &str = "istio.io/reroute-virtual-interfaces";
 
 /// Why a pod could not be enrolled or removed; the message goes back to the plugin.
 #[derive(Debug, thiserror::Error)]
@@ -124,10 +122,10 @@ impl Enroller {
         let ann = pod.metadata.annotations.as_ref().unwrap_or(&empty);
         let flag = |k: &str| ann.get(k).map(|v| v.trim().eq_ignore_ascii_case("true"));
         InpodConfig {
-            dns_capture: flag(ANN_DNS).unwrap_or(self.config.ambient_dns_capture),
-            ingress_mode: flag(ANN_BYPASS_INBOUND).unwrap_or(false),
+            dns_capture: flag(AMBIENT_DNS_CAPTURE).unwrap_or(self.config.ambient_dns_capture),
+            ingress_mode: flag(AMBIENT_BYPASS_INBOUND_CAPTURE).unwrap_or(false),
             virtual_interfaces: ann
-                .get(ANN_VIRTUAL_IFACES)
+                .get(REROUTE_VIRTUAL_INTERFACES)
                 .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
                 .unwrap_or_default(),
             enable_ipv6: self.config.ambient_ipv6,
@@ -164,7 +162,7 @@ impl Enroller {
             tracing::error!(error = %e, "host probe set");
         }
         let started = Instant::now();
-        self.annotate(pod, "enabled").await?;
+        self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await?;
         self.metrics.phase("annotate", started);
         self.metrics.enrolled_pods.set(self.cache.count() as i64);
         tracing::info!(?ips, "enrolled");
@@ -245,12 +243,12 @@ impl Enroller {
     }
 
     async fn annotate(&self, pod: &Pod, state: &str) -> Result<(), EnrollError> {
-        let patch = json!({ "metadata": { "annotations": { REDIRECTION_ANNOTATION: state } } });
+        let patch = json!({ "metadata": { "annotations": { AMBIENT_REDIRECTION: state } } });
         self.patch_status(pod, patch).await
     }
 
     async fn annotate_remove(&self, pod: &Pod) -> Result<(), EnrollError> {
-        let patch = json!({ "metadata": { "annotations": { REDIRECTION_ANNOTATION: null } } });
+        let patch = json!({ "metadata": { "annotations": { AMBIENT_REDIRECTION: null } } });
         self.patch_status(pod, patch).await
     }
 

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use cni::plugin_event::{CmdAdd, CMDADD_PATH, SOCKET_NAME};
+use cni::plugin_event::{CmdAdd, CMDADD_PATH};
+use istio_contract::paths::PLUGIN_EVENT_SOCKET;
 use daemon::drain::DrainWatcher;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Response, StatusCode};
@@ -22,7 +23,7 @@ const MAX_BODY: usize = 64 * 1024;
 
 /// Binds `<run dir>/pluginevent.sock`.
 pub fn bind(run_dir: &Path) -> std::io::Result<(tokio::net::UnixListener, PathBuf)> {
-    plugin_socket::bind(run_dir, SOCKET_NAME)
+    plugin_socket::bind(run_dir, PLUGIN_EVENT_SOCKET)
 }
 
 /// Serves plugin events until the drain starts.

@@ -8,14 +8,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 use crate::plugin_socket;
 
-/// File name of the socket, Istio's.
-pub const LOG_SOCKET: &str = "log.sock";
 /// Longest piece of a line relayed at once, so a misbehaving writer cannot grow the agent's memory.
 const MAX_LINE: usize = 16 * 1024;
 
 /// Binds `<run dir>/log.sock`.
 pub fn bind(run_dir: &Path) -> std::io::Result<tokio::net::UnixListener> {
-    plugin_socket::bind(run_dir, LOG_SOCKET).map(|(listener, _)| listener)
+    plugin_socket::bind(run_dir, istio_contract::paths::LOG_SOCKET).map(|(listener, _)| listener)
 }
 
 /// Relays every line of every connection as an `info` event with target `istio_cni_plugin`.

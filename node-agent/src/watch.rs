@@ -13,9 +13,11 @@ use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client};
 
 use crate::config::Config;
-use crate::enroll::{Enroller, REDIRECTION_ANNOTATION};
+use istio_contract::names::{AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED};
+
+use crate::enroll::Enroller;
 use crate::metrics::{EventType, Metrics};
-use enablement::{should_enroll, PodFacts, Selectors};
+use istio_contract::enablement::{should_enroll, PodFacts, Selectors};
 
 /// Longest pause before a failed pod is retried.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -276,8 +278,8 @@ impl State {
             .pods
             .values()
             .filter(|p| {
-                p.metadata.annotations.as_ref().and_then(|a| a.get(REDIRECTION_ANNOTATION)).map(String::as_str)
-                    == Some("enabled")
+                p.metadata.annotations.as_ref().and_then(|a| a.get(AMBIENT_REDIRECTION)).map(String::as_str)
+                    == Some(AMBIENT_REDIRECTION_ENABLED)
             })
             .cloned()
             .collect();

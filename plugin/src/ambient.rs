@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use cni::plugin_event::{CmdAdd, CMDADD_PATH, SOCKET_NAME};
+use cni::plugin_event::{CmdAdd, CMDADD_PATH};
+use istio_contract::paths::PLUGIN_EVENT_SOCKET;
 use cni::{CniError, ErrorCode};
-use enablement::{never_enrolled, PodFacts, Selectors};
+use istio_contract::enablement::{never_enrolled, PodFacts, Selectors};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::Pod;
@@ -50,7 +51,7 @@ pub fn is_ambient(conf: &PluginConf, api: &ApiServer, pod: &Pod) -> Result<bool,
 /// POSTs the pod to the agent's socket and waits for it to be enrolled; any failure is a CNI error carrying the
 /// agent's reason.
 pub fn hand_over(run_dir: &Path, event: &CmdAdd) -> Result<(), CniError> {
-    let socket = run_dir.join(SOCKET_NAME);
+    let socket = run_dir.join(PLUGIN_EVENT_SOCKET);
     let fail = |msg: String| CniError::new(ErrorCode::TryAgainLater, msg);
     let body = serde_json::to_vec(event).map_err(|e| fail(format!("encode event: {e}")))?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(e.to_string()))?;

@@ -11,8 +11,10 @@ use serde_json::json;
 
 use crate::config::PluginConf;
 use crate::k8s::{self, ApiServer};
-use crate::pod::PodInfo;
-use crate::{ambient, logging, sidecar};
+use istio_contract::pod::PodInfo;
+use istio_contract::sidecar::{self, Decision};
+
+use crate::{ambient, logging};
 
 /// Name prefix of the istio-cni DaemonSet's pods, which must never wait on themselves.
 const OWN_POD_PREFIX: &str = "istio-cni-node-";
@@ -145,12 +147,14 @@ fn redirect_sidecar(
     conf: &PluginConf,
     env: &HashMap<String, String>,
 ) -> Result<(), CniError> {
-    if let Err(skip) = sidecar::decide(pod) {
+    if let Decision::Skip(skip) = sidecar::decide(pod) {
         tracing::info!(reason = ?skip, "no redirection needed, passing through");
         return Ok(());
     }
     let has_v6 = cni::result::addresses(result).iter().any(IpAddr::is_ipv6);
-    let plan = redirect::sidecar::build(&sidecar::settings(pod, has_v6)?);
+    // A pod whose annotations make no sense must not start without its rules: the CNI spec's invalid config.
+    let settings = sidecar::settings(pod, has_v6).map_err(|e| CniError::new(ErrorCode::InvalidConfig, e.to_string()))?;
+    let plan = redirect::sidecar::build(&settings);
     let force = conf.force_iptables_binary.as_deref().or(env.get("FORCE_IPTABLES_BINARY").map(String::as_str));
     let backend = Backend::select(conf.native_nftables, force.filter(|f| !f.is_empty())).map_err(internal)?;
     // Whether the host also holds rules of another backend is worth a warning, not a wait: look on another thread
@@ -158,9 +162,12 @@ fn redirect_sidecar(
     let span = tracing::Span::current();
     let mixed = std::thread::spawn(move || span.in_scope(|| redirect::backend::warn_if_mixed(backend)));
     // Never leave half a rule set: a pod that fails ADD is retried by the kubelet from a clean slate.
-    let programmed = sidecar::program(backend, netns, &plan);
+    let programmed = backend.program(netns, &plan);
     let _ = mixed.join();
-    programmed?;
+    programmed.map_err(|e| {
+        CniError::new(ErrorCode::Internal, format!("programming redirect rules with {backend} failed"))
+            .with_details(e.to_string())
+    })?;
     tracing::info!(%backend, ipv6 = plan.v6.is_some(), "redirect rules programmed");
     Ok(())
 }
@@ -185,7 +192,7 @@ fn status(conf: &PluginConf) -> Result<(), CniError> {
         ));
     }
     if conf.ambient_enabled {
-        let socket = conf.run_dir().join(cni::plugin_event::SOCKET_NAME);
+        let socket = conf.run_dir().join(istio_contract::paths::PLUGIN_EVENT_SOCKET);
         if let Err(e) = std::os::unix::net::UnixStream::connect(&socket) {
             return Err(CniError::new(
                 ErrorCode::NotAvailable,

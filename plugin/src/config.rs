@@ -7,13 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cni::{CniError, ErrorCode, Version};
+use istio_contract::paths;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// Default run directory shared with install-cni and the node agent.
-pub const DEFAULT_RUN_DIR: &str = "/var/run/istio-cni";
-/// File name of the kubeconfig install-cni writes into the run directory.
-pub const KUBECONFIG_NAME: &str = "istio-cni-kubeconfig";
 
 /// The pre-1.24 nested section.
 #[derive(Debug, Default, Deserialize)]
@@ -91,7 +88,7 @@ impl PluginConf {
 
     /// The run directory (default `/var/run/istio-cni`).
     pub fn run_dir(&self) -> PathBuf {
-        PathBuf::from(self.cni_agent_run_dir.as_deref().filter(|d| !d.is_empty()).unwrap_or(DEFAULT_RUN_DIR))
+        PathBuf::from(self.cni_agent_run_dir.as_deref().filter(|d| !d.is_empty()).unwrap_or(paths::RUN_DIR))
     }
 
     /// The kubeconfig path: the nested field if set, else `<run dir>/istio-cni-kubeconfig`.
@@ -101,7 +98,7 @@ impl PluginConf {
             .and_then(|k| k.kubeconfig.as_deref())
             .filter(|p| !p.is_empty())
             .map(PathBuf::from)
-            .unwrap_or_else(|| self.run_dir().join(KUBECONFIG_NAME))
+            .unwrap_or_else(|| self.run_dir().join(paths::KUBECONFIG_FILE))
     }
 
     /// Log level from either layout, defaulting to `info`.
@@ -159,7 +156,7 @@ mod tests {
         assert_eq!(c.log_level(), "warn");
         assert_eq!(c.kubeconfig(), PathBuf::from("/etc/cni/net.d/ZZZ-istio-cni-kubeconfig"));
         assert_eq!(c.excluded_namespaces().collect::<Vec<_>>(), ["istio-system"]);
-        assert_eq!(c.run_dir(), PathBuf::from(DEFAULT_RUN_DIR));
+        assert_eq!(c.run_dir(), PathBuf::from(paths::RUN_DIR));
     }
 
     #[test]

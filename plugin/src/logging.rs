@@ -15,8 +15,6 @@ use tracing_subscriber::EnvFilter;
 /// Name of the plugin's log file inside the run directory.
 pub const LOG_FILE: &str = "istio-cni.log";
 
-/// The node agent's log socket in the run directory (its name is Istio's).
-pub const LOG_SOCKET: &str = "log.sock";
 /// A stalled agent must not stall pod creation: log writes to it give up quickly.
 const SOCKET_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -68,7 +66,7 @@ pub fn init(level: &str, run_dir: &Path) {
         .map(|f| Arc::new(Mutex::new(f)));
     let level = if ["trace", "debug", "info", "warn", "error", "off"].contains(&level) { level } else { "info" };
     let filter = EnvFilter::new(format!("warn,istio_cni={level},redirect={level},netns={level}"));
-    let agent = UnixStream::connect(run_dir.join(LOG_SOCKET))
+    let agent = UnixStream::connect(run_dir.join(istio_contract::paths::LOG_SOCKET))
         .and_then(|s| s.set_write_timeout(Some(SOCKET_WRITE_TIMEOUT)).map(|()| s))
         .ok()
         .map(|s| Arc::new(Mutex::new(s)));

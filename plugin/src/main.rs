@@ -12,8 +12,6 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 
 use cni::{CniError, ErrorCode, Version};
-// The shared pod facts and sidecar decision live in the library, which the node agent uses too.
-use plugin::{pod, sidecar};
 
 /// Largest stdin we accept; a netconf is a few KiB.
 const MAX_STDIN: u64 = 4 << 20;

@@ -58,6 +58,18 @@ impl Backend {
         }
     }
 
+    /// Programs a sidecar pod's `plan` into `netns` all or nothing: on failure the partial rules are removed, so the
+    /// next attempt (the kubelet's retry of ADD, the agent's next repair) starts from a clean slate.
+    pub fn program(self, netns: &Netns, plan: &Plan) -> Result<(), BackendError> {
+        let applied = self.apply(netns, plan);
+        if applied.is_err() {
+            if let Err(cleanup) = self.remove(netns) {
+                tracing::error!(error = %cleanup, backend = %self, "could not remove partial rules");
+            }
+        }
+        applied
+    }
+
     /// Programs the ambient in-pod `plan` into `netns` (per family for iptables, one transaction for
     /// nftables), with its connmark routing. Idempotent.
     pub fn apply_ambient(self, netns: &Netns, plan: &AmbientPlan) -> Result<(), BackendError> {

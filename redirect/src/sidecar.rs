@@ -7,7 +7,13 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net};
 
+use istio_contract::ports;
+use istio_contract::proxy::TPROXY_TPROXY_OUTBOUND_MARK;
+
 use crate::model::{CtState, Family, Match, OwnerId, Protocol, RedirectSpelling, Rule, RuleSet, Table, Target};
+
+/// The generator's inputs are Istio's settings (istio-iptables' flags), which the contract crate owns.
+pub use istio_contract::sidecar::{CidrSpec, InterceptMode, PortSpec, SidecarConfig};
 
 /// Istio-owned chain names.
 pub mod chains {
@@ -29,142 +35,12 @@ pub mod chains {
     pub const DROP: &str = "ISTIO_DROP";
 }
 
-/// Mark the proxy's own loopback traffic gets in TPROXY mode (Istio's `OutboundMark`).
-const OUTBOUND_MARK: u32 = 1338;
-/// Port of the istio-agent DNS proxy.
-const DNS_PROXY_PORT: u16 = 15053;
 /// Source address the proxy uses for inbound passthrough connections.
 const PASSTHROUGH_SRC_V4: &str = "127.0.0.6/32";
 /// IPv6 source of the proxy's inbound passthrough connections. Unlike 127.0.0.6 (inside 127/8) it is not local
 /// by default, so applying a plan with IPv6 rules adds it to `lo` (as istio-iptables does).
 pub(crate) const PASSTHROUGH_SRC_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
 const LOOPBACK_V6: &str = "::1/128";
-
-/// How inbound traffic reaches the proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InterceptMode {
-    /// nat REDIRECT (the default); the original destination is recovered with SO_ORIGINAL_DST.
-    Redirect,
-    /// mangle TPROXY with policy routing; preserves the source address.
-    Tproxy,
-}
-
-/// Inbound ports to capture: `*` or an explicit list (an empty list captures nothing).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PortSpec {
-    /// Every port (`*`).
-    All,
-    /// Only these ports, in this order.
-    List(Vec<u16>),
-}
-
-/// Outbound destinations to capture: `*` or an explicit list of ranges (empty captures nothing).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CidrSpec {
-    /// Every destination (`*`).
-    All,
-    /// Only these ranges (both families mixed; each lands in its family's payload).
-    List(Vec<IpNet>),
-}
-
-/// Inputs of the sidecar rule generator; field meanings follow istio-iptables' flags.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SidecarConfig {
-    /// Proxy outbound port (15001).
-    pub proxy_port: u16,
-    /// Proxy inbound capture port (15006).
-    pub inbound_capture_port: u16,
-    /// HBONE tunnel port, never captured (15008).
-    pub inbound_tunnel_port: u16,
-    /// UIDs whose traffic is the proxy's own (default 1337).
-    pub proxy_uids: Vec<u32>,
-    /// GIDs whose traffic is the proxy's own (default 1337).
-    pub proxy_gids: Vec<u32>,
-    /// Inbound interception mode.
-    pub mode: InterceptMode,
-    /// Inbound ports to capture.
-    pub inbound_ports_include: PortSpec,
-    /// Inbound ports to leave alone (only effective with [`PortSpec::All`]).
-    pub inbound_ports_exclude: Vec<u16>,
-    /// Outbound ports always captured.
-    pub outbound_ports_include: Vec<u16>,
-    /// Outbound ports (TCP and UDP) never captured.
-    pub outbound_ports_exclude: Vec<u16>,
-    /// Outbound destination ranges to capture.
-    pub outbound_ip_ranges_include: CidrSpec,
-    /// Outbound destination ranges never captured.
-    pub outbound_ip_ranges_exclude: Vec<IpNet>,
-    /// Interfaces whose traffic is never captured.
-    pub exclude_interfaces: Vec<String>,
-    /// Virtual interfaces (e.g. KubeVirt) whose inbound traffic is treated as outbound.
-    pub reroute_virtual_interfaces: Vec<String>,
-    /// Redirect DNS to the agent's DNS proxy (needs `capture_all_dns` or `dns_servers`).
-    pub redirect_dns: bool,
-    /// Capture all port-53 traffic rather than only traffic to `dns_servers`.
-    pub capture_all_dns: bool,
-    /// DNS servers (from resolv.conf) whose traffic is captured when not capturing all DNS.
-    pub dns_servers: Vec<IpAddr>,
-    /// Drop conntrack-INVALID packets instead of letting them reset connections.
-    pub drop_invalid: bool,
-    /// Owner groups whose outbound traffic is captured (`*` for all).
-    pub owner_groups_include: String,
-    /// Owner groups whose outbound traffic is not captured (only used with include `*`).
-    pub owner_groups_exclude: String,
-    /// The IPv4 loopback range treated as "local" (127.0.0.1/32).
-    pub host_ipv4_loopback_cidr: Ipv4Net,
-    /// Also produce the ip6tables payload.
-    pub enable_ipv6: bool,
-    /// Mark TPROXY sets on inbound packets (1337).
-    pub tproxy_mark: u32,
-    /// Policy routing table for TPROXY (133).
-    pub tproxy_route_table: u32,
-}
-
-impl SidecarConfig {
-    /// Where Istio's CNI plugin starts for an injected pod before its annotations: capture every inbound port but
-    /// the sidecar's own (15020, 15021, 15090) and every outbound address, and let 15020 out uncaptured.
-    pub fn cni_pod_defaults() -> Self {
-        Self {
-            inbound_ports_include: PortSpec::All,
-            inbound_ports_exclude: vec![15020, 15021, 15090],
-            outbound_ports_exclude: vec![15020],
-            outbound_ip_ranges_include: CidrSpec::All,
-            ..Self::default()
-        }
-    }
-}
-
-impl Default for SidecarConfig {
-    /// The istio-iptables baseline: no inbound capture, no outbound catch-all, IPv4 only.
-    fn default() -> Self {
-        Self {
-            proxy_port: 15001,
-            inbound_capture_port: 15006,
-            inbound_tunnel_port: 15008,
-            proxy_uids: vec![1337],
-            proxy_gids: vec![1337],
-            mode: InterceptMode::Redirect,
-            inbound_ports_include: PortSpec::List(Vec::new()),
-            inbound_ports_exclude: Vec::new(),
-            outbound_ports_include: Vec::new(),
-            outbound_ports_exclude: Vec::new(),
-            outbound_ip_ranges_include: CidrSpec::List(Vec::new()),
-            outbound_ip_ranges_exclude: Vec::new(),
-            exclude_interfaces: Vec::new(),
-            reroute_virtual_interfaces: Vec::new(),
-            redirect_dns: false,
-            capture_all_dns: false,
-            dns_servers: Vec::new(),
-            drop_invalid: false,
-            owner_groups_include: "*".into(),
-            owner_groups_exclude: String::new(),
-            host_ipv4_loopback_cidr: Ipv4Net::new([127, 0, 0, 1].into(), 32).expect("valid /32"),
-            enable_ipv6: false,
-            tproxy_mark: 1337,
-            tproxy_route_table: 133,
-        }
-    }
-}
 
 /// Policy routing needed by TPROXY: `ip rule add fwmark <mark> lookup <table>` and
 /// `ip route add local default dev lo table <table>`.
@@ -535,14 +411,14 @@ fn dns(b: &mut Builder, cfg: &SidecarConfig, v4: &[IpAddr], v6: &[IpAddr]) {
     };
     for (proto, spelling) in [(tcp(), RedirectSpelling::ToPorts), (udp(), RedirectSpelling::ToPort)] {
         if all {
-            let rule = Rule::append(chains::OUTPUT_DNS, vec![proto, dport(53)], redirect(DNS_PROXY_PORT, spelling));
+            let rule = Rule::append(chains::OUTPUT_DNS, vec![proto, dport(53)], redirect(ports::DNS, spelling));
             b.both(Table::Nat, rule);
             continue;
         }
         for family in [Family::V4, Family::V6] {
             for &s in servers(family) {
                 let matches = vec![proto.clone(), dport(53), dst(host_net(s))];
-                let rule = Rule::append(chains::OUTPUT_DNS, matches, redirect(DNS_PROXY_PORT, spelling));
+                let rule = Rule::append(chains::OUTPUT_DNS, matches, redirect(ports::DNS, spelling));
                 b.for_family(family, Table::Nat, rule);
             }
         }
@@ -554,7 +430,7 @@ fn dns(b: &mut Builder, cfg: &SidecarConfig, v4: &[IpAddr], v6: &[IpAddr]) {
         b.both(Table::Raw, Rule::append(chains::OUTPUT_DNS, vec![udp(), dport(53), owner.clone()], Target::CtZone(1)));
         b.both(
             Table::Raw,
-            Rule::append(chains::OUTPUT_DNS, vec![udp(), sport(DNS_PROXY_PORT), owner], Target::CtZone(2)),
+            Rule::append(chains::OUTPUT_DNS, vec![udp(), sport(ports::DNS), owner], Target::CtZone(2)),
         );
     }
     if all {
@@ -605,7 +481,7 @@ fn tproxy_extras(b: &mut Builder, cfg: &SidecarConfig, lo4: IpNet, lo6: IpNet) {
             Rule::append(
                 "OUTPUT",
                 vec![not_dst(lo), tcp(), out_if("lo"), owner.clone()],
-                Target::SetMark(OUTBOUND_MARK),
+                Target::SetMark(TPROXY_OUTBOUND_MARK),
             )
         });
     }
@@ -617,6 +493,6 @@ fn tproxy_extras(b: &mut Builder, cfg: &SidecarConfig, lo4: IpNet, lo6: IpNet) {
     });
     b.both(
         Table::Mangle,
-        Rule::insert(chains::INBOUND, 3, vec![tcp(), in_if("lo"), mark(OUTBOUND_MARK, true)], Target::Return),
+        Rule::insert(chains::INBOUND, 3, vec![tcp(), in_if("lo"), mark(TPROXY_OUTBOUND_MARK, true)], Target::Return),
     );
 }

@@ -21,6 +21,3 @@ pub mod transport;
 pub use client::ZdsClient;
 pub use error::ZdsError;
 pub use server::{PodSnapshotEntry, ServerConfig, SnapshotSource, ZdsHandle, ZdsServer};
-
-/// Default path of the ZDS socket, shared by Istio's istio-cni agent and ztunnel.
-pub const DEFAULT_SOCKET_PATH: &str = "/var/run/ztunnel/ztunnel.sock";

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use futures::StreamExt as _;
+use istio_contract::names::{AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
@@ -19,7 +20,6 @@ use super::{Directory, Protocol, Workload};
 pub const SOURCE: &str = "kubernetes";
 
 /// The annotation the node agent sets on pods whose traffic it redirects to the proxy.
-const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 
 /// Watches with the client inferred from `KUBECONFIG` or the in-cluster service account. Without either, the
 /// source stays off and says so; an unreachable API is retried for as long as the task runs.
@@ -75,9 +75,9 @@ pub async fn watch(client: Client, directory: Directory) {
 /// (a finished pod's address may already belong to someone else).
 fn workload(pod: &Pod) -> Option<(String, Workload)> {
     let meta = &pod.metadata;
-    let enrolled = meta.annotations.as_ref().and_then(|a| a.get(REDIRECTION_ANNOTATION)).map(String::as_str);
+    let enrolled = meta.annotations.as_ref().and_then(|a| a.get(AMBIENT_REDIRECTION)).map(String::as_str);
     let status = pod.status.as_ref()?;
-    if enrolled != Some("enabled") || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    if enrolled != Some(AMBIENT_REDIRECTION_ENABLED) || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
         return None;
     }
     let workload_ips: Vec<IpAddr> = status.pod_ips.iter().flatten().filter_map(|ip| ip.ip.parse().ok()).collect();
@@ -122,7 +122,7 @@ mod tests {
             "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
         });
         if let Some(value) = annotation {
-            pod["metadata"]["annotations"] = json!({ REDIRECTION_ANNOTATION: value });
+            pod["metadata"]["annotations"] = json!({ AMBIENT_REDIRECTION: value });
         }
         if let Some(sa) = service_account {
             pod["spec"]["serviceAccountName"] = json!(sa);

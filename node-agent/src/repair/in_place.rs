@@ -1,14 +1,15 @@
 //! Istio's in-place repair (`REPAIR_REPAIR_PODS`): a broken pod's network namespace is found through `/proc` and
-//! given the sidecar redirect rules the plugin would have programmed at ADD, with the plugin's own decision and
-//! programming code. The kubelet's next retry of the validation init container then passes.
+//! given the sidecar redirect rules the plugin would have programmed at ADD: the same decision (istio-contract)
+//! and the same programming step (`Backend::program`). The kubelet's next retry of the validation init container
+//! then passes.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Pod;
-use plugin::pod::PodInfo;
-use plugin::sidecar;
-use redirect::backend::Backend;
+use istio_contract::pod::PodInfo;
+use istio_contract::sidecar::{self, Decision, SettingsError};
+use redirect::backend::{Backend, BackendError};
 
 use crate::config::Config;
 use crate::watch::pod_ips;
@@ -35,9 +36,17 @@ pub enum RepairError {
         /// The IPs a matching netns must hold.
         ips: Vec<IpAddr>,
     },
-    /// The pod's annotations do not make valid settings, or programming the rules failed (partial rules removed).
-    #[error("{0}")]
-    Rules(cni::CniError),
+    /// The pod's annotations do not make valid settings.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// Programming the rules failed (partial rules removed).
+    #[error("programming redirect rules with {backend} failed: {source}")]
+    Program {
+        /// The backend that failed.
+        backend: Backend,
+        /// What failed.
+        source: BackendError,
+    },
     /// The blocking scan-and-program task died.
     #[error("repair task: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -69,7 +78,10 @@ impl InPlace {
         if info.host_network {
             return Some("host network pod".into());
         }
-        sidecar::decide(&info).err().map(|skip| format!("the plugin would not redirect it: {skip:?}"))
+        match sidecar::decide(&info) {
+            Decision::Redirect => None,
+            Decision::Skip(skip) => Some(format!("the plugin would not redirect it: {skip:?}")),
+        }
     }
 
     /// Programs the sidecar rules of `pod` (which [`InPlace::skip_reason`] accepted) into its netns; blocks on
@@ -80,15 +92,14 @@ impl InPlace {
         if ips.is_empty() {
             return Err(RepairError::NoIp);
         }
-        let plan = redirect::sidecar::build(
-            &sidecar::settings(&info, ips.iter().any(IpAddr::is_ipv6)).map_err(RepairError::Rules)?,
-        );
+        let plan = redirect::sidecar::build(&sidecar::settings(&info, ips.iter().any(IpAddr::is_ipv6))?);
         let (this, uid) = (self.clone(), pod.metadata.uid.clone().unwrap_or_default());
         tokio::task::spawn_blocking(move || {
             let netns = netns::discover::find_pod_netns(&this.proc_dir, &uid, &ips)
                 .map_err(|source| RepairError::Discover { proc_dir: this.proc_dir.clone(), source })?
                 .ok_or_else(|| RepairError::NetnsNotFound { proc_dir: this.proc_dir.clone(), ips: ips.clone() })?;
-            sidecar::program(this.backend, &netns, &plan).map_err(RepairError::Rules)?;
+            let backend = this.backend;
+            backend.program(&netns, &plan).map_err(|source| RepairError::Program { backend, source })?;
             let (backend, ipv6) = (this.backend, plan.v6.is_some());
             tracing::info!(%backend, ipv6, netns = ?netns.id(), "redirect rules programmed");
             Ok(())

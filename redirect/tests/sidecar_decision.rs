@@ -1,15 +1,17 @@
-//! Pod → rules, checked against our goldens for Istio's `plugin-sidecar` cases (see the reference INDEX §1).
+//! Pod → Istio's decision and settings (istio-contract) → rules (redirect), checked against our goldens for
+//! Istio's `plugin-sidecar` cases (see the reference INDEX §1).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
-use crate::pod::PodInfo;
-use crate::sidecar::{decide, settings, Skip};
+use istio_contract::names::{INIT_CONTAINER, SIDECAR_INJECT, SIDECAR_STATUS_ANNOTATION};
+use istio_contract::pod::PodInfo;
+use istio_contract::sidecar::{decide, settings, Decision, Skip};
 
 fn pod(annotations: Value, security_context: Value, env: Value) -> PodInfo {
-    let mut ann = json!({ "sidecar.istio.io/status": "true" });
+    let mut ann = json!({ SIDECAR_STATUS_ANNOTATION: "true" });
     ann.as_object_mut().unwrap().extend(annotations.as_object().unwrap().clone());
     let pod: Pod = serde_json::from_value(json!({
         "metadata": { "name": "testPod", "namespace": "testNS", "annotations": ann },
@@ -40,12 +42,12 @@ fn tables(text: &str) -> BTreeMap<String, String> {
 }
 
 fn golden(name: &str) -> String {
-    let path = format!("{}/../redirect/tests/golden/plugin-sidecar/{name}.golden", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/tests/golden/plugin-sidecar/{name}.golden", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
 }
 
 fn assert_case(case: &str, golden_name: &str, p: PodInfo) {
-    decide(&p).unwrap_or_else(|s| panic!("{case}: skipped: {s:?}"));
+    assert_eq!(decide(&p), Decision::Redirect, "{case}");
     let plan = redirect::sidecar::build(&settings(&p, false).unwrap());
     assert!(plan.v6.is_none(), "{case}: IPv4-only pod got v6 rules");
     let got = tables(&redirect::iptables::render(&plan.v4));
@@ -99,31 +101,31 @@ fn plugin_sidecar_goldens() {
 #[test]
 fn skip_reasons_follow_istio() {
     let mut p = pod(json!({}), json!({}), json!([]));
-    assert_eq!(decide(&p), Ok(()));
-    p.annotations.remove("sidecar.istio.io/status");
-    assert_eq!(decide(&p), Err(Skip::NotInjected));
+    assert_eq!(decide(&p), Decision::Redirect);
+    p.annotations.remove(SIDECAR_STATUS_ANNOTATION);
+    assert_eq!(decide(&p), Decision::Skip(Skip::NotInjected));
 
-    let p = pod(json!({ "sidecar.istio.io/inject": "false" }), json!({}), json!([]));
-    assert_eq!(decide(&p), Err(Skip::InjectionDisabled));
-    let mut p = pod(json!({ "sidecar.istio.io/inject": "false" }), json!({}), json!([]));
-    p.labels.insert("sidecar.istio.io/inject".into(), "true".into());
-    assert_eq!(decide(&p), Ok(()), "the label wins over the annotation");
+    let p = pod(json!({ SIDECAR_INJECT: "false" }), json!({}), json!([]));
+    assert_eq!(decide(&p), Decision::Skip(Skip::InjectionDisabled));
+    let mut p = pod(json!({ SIDECAR_INJECT: "false" }), json!({}), json!([]));
+    p.labels.insert(SIDECAR_INJECT.into(), "true".into());
+    assert_eq!(decide(&p), Decision::Redirect, "the label wins over the annotation");
 
     let p = pod(json!({}), json!({}), json!([{ "name": "DISABLE_ENVOY", "value": "true" }]));
-    assert_eq!(decide(&p), Err(Skip::EnvoyDisabled));
+    assert_eq!(decide(&p), Decision::Skip(Skip::EnvoyDisabled));
 
     let mut p = pod(json!({}), json!({}), json!([]));
     p.proxy.as_mut().unwrap().args = vec!["proxy".into(), "router".into()];
-    assert_eq!(decide(&p), Err(Skip::NotSidecar("router".into())));
+    assert_eq!(decide(&p), Decision::Skip(Skip::NotSidecar("router".into())));
     p.proxy.as_mut().unwrap().args = vec!["proxy".into(), "sidecar".into()];
-    assert_eq!(decide(&p), Ok(()));
+    assert_eq!(decide(&p), Decision::Redirect);
 
     let mut p = pod(json!({}), json!({}), json!([]));
-    p.init_containers.push("istio-init".into());
-    assert_eq!(decide(&p), Err(Skip::HasInitContainer));
+    p.init_containers.push(INIT_CONTAINER.into());
+    assert_eq!(decide(&p), Decision::Skip(Skip::HasInitContainer));
     p.proxy = None;
     p.init_containers.clear();
-    assert_eq!(decide(&p), Err(Skip::NoProxy));
+    assert_eq!(decide(&p), Decision::Skip(Skip::NoProxy));
 }
 
 #[test]
@@ -134,11 +136,11 @@ fn native_sidecar_in_init_containers_is_found() {
                   "initContainers": [{ "name": "istio-proxy", "restartPolicy": "Always" }] }
     }))
     .unwrap();
-    assert_eq!(decide(&PodInfo::from(&pod)), Ok(()));
+    assert_eq!(decide(&PodInfo::from(&pod)), Decision::Redirect);
 }
 
 #[test]
-fn invalid_annotations_are_code_7_and_named() {
+fn invalid_annotations_are_refused_and_named() {
     for (k, v) in [
         ("sidecar.istio.io/interceptionMode", "BOGUS"),
         ("traffic.sidecar.istio.io/includeInboundPorts", "80,http"),
@@ -149,8 +151,8 @@ fn invalid_annotations_are_code_7_and_named() {
         ("traffic.sidecar.istio.io/excludeOutboundIPRanges", "not-a-cidr"),
     ] {
         let err = settings(&pod(json!({ k: v }), json!({}), json!([])), false).unwrap_err();
-        assert_eq!(err.code, 7, "{k}");
-        assert!(err.msg.contains(k), "{k}: {}", err.msg);
+        assert_eq!((err.annotation, err.value.as_str()), (k, v));
+        assert!(err.to_string().contains(k), "{k}: {err}");
     }
 }
 

@@ -1,13 +1,11 @@
-//! The facts about a pod that the plugin's decisions depend on, extracted once from the API object.
+//! The facts about a pod that Istio's sidecar decision depends on, extracted once from the API object, so the
+//! plugin (at ADD) and the node agent (repairing a pod) decide from the same data.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-/// Name of the injected sidecar container.
-pub const PROXY_CONTAINER: &str = "istio-proxy";
-/// Name of the init container that programs rules when the CNI plugin is not used.
-pub const INIT_CONTAINER: &str = "istio-init";
+use crate::names::PROXY_CONTAINER;
 
 /// The `istio-proxy` container's settings that shape the redirect rules.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -22,7 +20,7 @@ pub struct ProxyContainer {
     pub run_as_group: Option<i64>,
 }
 
-/// A pod as the plugin sees it.
+/// A pod as the sidecar decision sees it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PodInfo {
     /// Pod labels.

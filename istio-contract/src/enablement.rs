@@ -7,22 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use serde::{Deserialize, Serialize};
 
-/// The label that puts a pod or namespace into a data-plane mode.
-pub const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
-/// The annotation the injector adds to sidecar pods; such pods are never enrolled in ambient.
-pub const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
-
-/// Istio's default: the pod label `istio.io/dataplane-mode=ambient`, or the namespace label unless the pod
-/// label says `none`.
-pub const DEFAULT_SELECTORS_YAML: &str = r#"
-- podSelector:
-    matchLabels: {istio.io/dataplane-mode: ambient}
-- podSelector:
-    matchExpressions:
-    - {key: istio.io/dataplane-mode, operator: NotIn, values: [none]}
-  namespaceSelector:
-    matchLabels: {istio.io/dataplane-mode: ambient}
-"#;
+use crate::names::{DATAPLANE_MODE_LABEL, SIDECAR_STATUS_ANNOTATION};
 
 /// A bad selector configuration.
 #[derive(Debug, thiserror::Error)]
@@ -53,8 +38,27 @@ pub struct EnablementSelector {
 pub struct Selectors(pub Vec<EnablementSelector>);
 
 impl Default for Selectors {
+    /// Istio's default: the pod label `istio.io/dataplane-mode=ambient`, or the namespace label unless the pod
+    /// label says `none`.
     fn default() -> Self {
-        Selectors::parse(DEFAULT_SELECTORS_YAML).expect("built-in selectors parse")
+        let ambient = || BTreeMap::from([(DATAPLANE_MODE_LABEL.to_owned(), "ambient".to_owned())]);
+        Selectors(vec![
+            EnablementSelector {
+                pod_selector: Some(LabelSelector { match_labels: Some(ambient()), ..LabelSelector::default() }),
+                namespace_selector: None,
+            },
+            EnablementSelector {
+                pod_selector: Some(LabelSelector {
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: DATAPLANE_MODE_LABEL.to_owned(),
+                        operator: "NotIn".to_owned(),
+                        values: Some(vec!["none".to_owned()]),
+                    }]),
+                    ..LabelSelector::default()
+                }),
+                namespace_selector: Some(LabelSelector { match_labels: Some(ambient()), ..LabelSelector::default() }),
+            },
+        ])
     }
 }
 
@@ -81,6 +85,16 @@ impl Selectors {
                 Ok(s)
             }
         }
+    }
+
+    /// The selectors as JSON, the form the plugin's netconf carries (`enablement_selectors`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_else(|_| unreachable!("label selectors always serialize"))
+    }
+
+    /// The selectors as YAML, the form `AMBIENT_ENABLEMENT_SELECTOR` takes in Istio's chart.
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(self).unwrap_or_else(|_| unreachable!("label selectors always serialize"))
     }
 
     fn validate(&self) -> Result<(), SelectorError> {
@@ -227,6 +241,22 @@ mod tests {
         assert_eq!(s.decide_without_namespace(&Labels::new()), None);
         let pods_only = Selectors::parse(r#"[{"podSelector": {"matchLabels": {"a": "b"}}}]"#).unwrap();
         assert_eq!(pods_only.decide_without_namespace(&Labels::new()), Some(false));
+    }
+
+    #[test]
+    fn the_defaults_render_as_istio_spells_them_and_read_back() {
+        let json = Selectors::default().to_json();
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"podSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}},
+                {"podSelector": {"matchExpressions": [
+                    {"key": "istio.io/dataplane-mode", "operator": "NotIn", "values": ["none"]}]},
+                 "namespaceSelector": {"matchLabels": {"istio.io/dataplane-mode": "ambient"}}}
+            ])
+        );
+        assert_eq!(Selectors::parse(&Selectors::default().to_yaml()).unwrap(), Selectors::default());
+        assert_eq!(Selectors::from_json(Some(&json)).unwrap(), Selectors::default());
     }
 
     #[test]
