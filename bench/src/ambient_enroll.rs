@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use tests::mesh::RuleBackend;
-use tests::NetworkConfigList;
+use testbed::mesh::RuleBackend;
+use testbed::NetworkConfigList;
 
 use crate::attach::timed_add;
 use crate::report::Section;

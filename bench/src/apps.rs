@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tests::NetnsGuard;
+use testbed::NetnsGuard;
 
 /// Port of the sink server (hello byte, read to EOF, ack byte).
 pub const SINK_PORT: u16 = 9001;

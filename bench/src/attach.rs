@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tests::runtime::RuntimeConf;
-use tests::{NetnsGuard, NetworkConfigList, Node, Runtime};
+use testbed::runtime::RuntimeConf;
+use testbed::{NetnsGuard, NetworkConfigList, Node, Runtime};
 
 /// The attachment and how long its ADD took (netns creation excluded: the runtime makes it before ADD).
 pub struct Attached {
@@ -23,7 +23,7 @@ pub struct Attached {
 impl Attached {
     /// The pod's first IPv4 address.
     pub fn ip(&self) -> std::net::Ipv4Addr {
-        tests::node::first_ipv4(&self.result).expect("ADD result has an IPv4 address")
+        testbed::node::first_ipv4(&self.result).expect("ADD result has an IPv4 address")
     }
 }
 
@@ -31,7 +31,7 @@ impl Attached {
 /// CNI_ARGS kubelet's runtimes pass. Panics if ADD fails: a benchmark of a failing path measures nothing.
 pub fn timed_add(node: &Node, list: &NetworkConfigList, namespace: &str, name: &str) -> Attached {
     let netns = node.pod_netns();
-    let conf = tests::node::pod_attachment(&netns, namespace, name);
+    let conf = testbed::node::pod_attachment(&netns, namespace, name);
     let runtime = node.runtime().clone();
     let start = Instant::now();
     let result = runtime.add(list, &conf).unwrap_or_else(|e| panic!("CNI ADD of {namespace}/{name}: {e}"));

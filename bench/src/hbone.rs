@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use hbone::MeshCa;
 use serde_json::json;
 use tempfile::TempDir;
-use tests::hbone_proxy::METRICS_PORT;
-use tests::mesh::RuleBackend;
-use tests::node_agent::uid;
-use tests::NetworkConfigList;
+use testbed::hbone_proxy::METRICS_PORT;
+use testbed::mesh::RuleBackend;
+use testbed::node_agent::uid;
+use testbed::NetworkConfigList;
 
 use crate::apps::{self, Mode, Server, ECHO_PORT, SINK_PORT};
 use crate::attach::{timed_add, Attached};
@@ -121,7 +121,7 @@ impl Pods {
     /// Outbound HBONE connections the client's proxy has opened so far.
     fn hbone_opened(&self) -> f64 {
         let netns = self.nodes[0].cluster.node.netns().path();
-        let (_, body) = tests::http::get(&netns, METRICS_PORT, "/metrics").expect("proxy metrics");
+        let (_, body) = testbed::http::get(&netns, METRICS_PORT, "/metrics").expect("proxy metrics");
         body.lines()
             .filter(|l| l.starts_with("istio_tcp_connections_opened_total{"))
             .filter(|l| l.contains("direction=\"outbound\"") && l.contains("protocol=\"HBONE\""))

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tests::install_cni::{Installer, PLUGIN};
-use tests::Cluster;
+use testbed::install_cni::{Installer, PLUGIN};
+use testbed::Cluster;
 
 use crate::report::Section;
 use crate::stats::Summary;

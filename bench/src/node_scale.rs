@@ -5,10 +5,10 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use tests::hbone_proxy::METRICS_PORT;
-use tests::mesh::RuleBackend;
-use tests::node_agent::uid;
-use tests::pod_process::PodProcess;
+use testbed::hbone_proxy::METRICS_PORT;
+use testbed::mesh::RuleBackend;
+use testbed::node_agent::uid;
+use testbed::pod_process::PodProcess;
 
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
@@ -36,7 +36,7 @@ fn gauge(text: &str, name: &str) -> Option<f64> {
 
 fn proxy_active(node: &AmbientNode) -> Option<f64> {
     let netns = node.cluster.node.netns().path();
-    let (_, body) = tests::http::get(&netns, METRICS_PORT, "/metrics").ok()?;
+    let (_, body) = testbed::http::get(&netns, METRICS_PORT, "/metrics").ok()?;
     gauge(&body, "workload_manager_active_proxy_count")
 }
 

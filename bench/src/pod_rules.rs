@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use netns::Netns;
-use redirect::apply::IptablesBackend;
+use redirect::iptables::IptablesBackend;
 use redirect::nft::layout::NftLayout;
 use redirect::sidecar::{build, InterceptMode, Plan, SidecarConfig};
 
@@ -67,10 +67,10 @@ impl Case {
         match who {
             Contender::NativeNftables => redirect::nft::apply(ns, &self.plan).expect("native nftables apply"),
             Contender::IptablesNft => {
-                redirect::apply::apply(ns, &self.plan, IptablesBackend::Nft).expect("iptables-nft apply")
+                redirect::iptables::apply(ns, &self.plan, IptablesBackend::Nft).expect("iptables-nft apply")
             }
             Contender::IptablesLegacy => {
-                redirect::apply::apply(ns, &self.plan, IptablesBackend::Legacy).expect("iptables-legacy apply")
+                redirect::iptables::apply(ns, &self.plan, IptablesBackend::Legacy).expect("iptables-legacy apply")
             }
             Contender::NftExec => ns.run(|| nft_exec(&self.nft_text)).expect("enter netns for nft -f"),
         }
@@ -189,7 +189,7 @@ pub fn run(counts: Counts) -> Section {
         .collect();
     let mut body = String::from(
         "Timed: one programming call into a pod netns. (a) `redirect::nft::apply` (one netlink batch, no exec); \
-         (b)/(c) `redirect::apply::apply` (one `iptables-{nft,legacy}-restore` exec per family, the step Istio's \
+         (b)/(c) `redirect::iptables::apply` (one `iptables-{nft,legacy}-restore` exec per family, the step Istio's \
          plugin performs); (d) `nft -f -` exec of the same layout's text (what Istio's \"native nftables\" does; its \
          text is rendered outside the timing, and it does not add the IPv6 `::6` address or TPROXY routes that \
          (a)–(c) program over rtnetlink, so it is favoured in the TPROXY+IPv6 row). Each call includes entering the \

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tempfile::TempDir;
-use tests::hbone_proxy::Proxy;
-use tests::install_cni::Installer;
-use tests::mesh::RuleBackend;
-use tests::node_agent::{ambient_conflist, ambient_pod, namespace, redirection, NodeAgent};
-use tests::{Cluster, NetworkConfigList};
+use testbed::hbone_proxy::Proxy;
+use testbed::install_cni::Installer;
+use testbed::mesh::RuleBackend;
+use testbed::node_agent::{ambient_conflist, ambient_pod, namespace, redirection, NodeAgent};
+use testbed::{Cluster, NetworkConfigList};
 
 use crate::attach::{timed_add, Attached};
 

@@ -6,10 +6,10 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use redirect::apply::IptablesBackend;
+use redirect::iptables::IptablesBackend;
 use redirect::sidecar::{build, SidecarConfig};
-use tests::mesh::{sidecar_pod, RuleBackend};
-use tests::{Cluster, NetworkConfigList};
+use testbed::mesh::{sidecar_pod, RuleBackend};
+use testbed::{Cluster, NetworkConfigList};
 
 use crate::attach::timed_add;
 use crate::pod_rules::fresh_netns;
@@ -78,7 +78,7 @@ pub fn run(counts: Counts) -> Section {
                 Contender::Restore => {
                     let ns = fresh_netns();
                     let start = Instant::now();
-                    redirect::apply::apply(&ns, &plan, IptablesBackend::Nft).expect("iptables-nft-restore");
+                    redirect::iptables::apply(&ns, &plan, IptablesBackend::Nft).expect("iptables-nft-restore");
                     start.elapsed()
                 }
             };

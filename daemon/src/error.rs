@@ -1,14 +1,24 @@
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// Everything that can fail while setting up the daemon plumbing, each naming what was being set up.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The probe server could not listen on its address (in use, not local, no permission).
-    #[error("binding the probe server to {addr}")]
+    /// A server could not listen on its address (in use, not local, no permission).
+    #[error("binding {addr}")]
     Bind {
         /// The address that could not be bound.
         addr: SocketAddr,
         /// Why the kernel refused it.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A server could not listen on its unix socket (no such directory, no permission, stale file in the way).
+    #[error("binding the unix socket {}", path.display())]
+    BindUnix {
+        /// The socket path.
+        path: PathBuf,
+        /// Why it could not be created.
         #[source]
         source: std::io::Error,
     },

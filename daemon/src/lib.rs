@@ -1,11 +1,15 @@
-//! The small shape every long-running binary of the node side shares (install-cni now, the node agent
-//! and the HBONE proxy later): structured logging, a drain primitive for orderly shutdown, the
-//! SIGTERM/SIGINT listener, and the health/readiness/metrics HTTP server the kubelet and Prometheus
-//! scrape.
+//! The shape every long-running binary of the node side (install-cni, the node agent and the HBONE node proxy)
+//! shares: one `main` skeleton ([`lifecycle`]: settings, logging, runtime, signals, probes, drain with a
+//! deadline), structured logging, a drain primitive for orderly shutdown, the SIGTERM/SIGINT listener, one
+//! drain-aware accept loop and HTTP/1 server that every endpoint runs on, and the health/readiness/metrics
+//! endpoints the kubelet and Prometheus scrape, with readiness made of named blockers.
 
 pub mod common_args;
 pub mod drain;
 mod error;
+pub mod http;
+pub mod lifecycle;
+pub mod listener;
 pub mod logging;
 pub mod probes;
 pub mod signals;

@@ -1,130 +1,91 @@
-//! The health, readiness and metrics HTTP server the kubelet and Prometheus scrape.
+//! The health, readiness and metrics endpoints the kubelet and Prometheus scrape, served by [`crate::http`].
 //!
-//! `GET /healthz` answers 200 while the process can serve at all, `GET /readyz` 200 only while
-//! [`ProbeState::is_ready`] (else 503 with the reason), `GET /metrics` the registry in the OpenMetrics
-//! text format. Other paths are 404; other methods on those paths 405.
+//! With the daemon's [`Paths`]: `GET /healthz` answers 200 while the process can serve at all, `GET /readyz` 200
+//! only while no [`Blocker`] blocks (else 503, the body naming each blocker still blocking and why), `GET /metrics`
+//! the registry in the OpenMetrics text format. Other paths are 404; other methods on those paths 405. A binary
+//! whose users probe other paths (the proxy: Istio's `/healthz/ready`) serves the same answers there.
 
 mod state;
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::time::Duration;
-
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
+use hyper::header::{HeaderValue, ALLOW};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
-use crate::drain::{DrainMode, DrainWatcher};
-use crate::Error;
+use crate::drain::DrainWatcher;
+use crate::http::{self, reply, Body, TEXT};
 
-pub use state::ProbeState;
+pub use state::{Blocker, ProbeState};
 
 /// What `prometheus_client::encoding::text::encode` produces (it ends with `# EOF`).
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-const TEXT: &str = "text/plain; charset=utf-8";
-/// A client that has not sent its request headers by then is disconnected, so it cannot hold a
-/// drain open.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Binds the probe server's listener, separately from [`serve`], so the binary fails at startup with
-/// the address in the error and tests can bind port 0 and learn the port.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
-    TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })
+/// Which path answers what, so a binary keeps the paths its users' probes already use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paths {
+    /// Liveness (always 200), if served.
+    pub live: Option<&'static str>,
+    /// Readiness (200, or 503 with the blockers).
+    pub ready: &'static str,
+    /// Prometheus metrics.
+    pub metrics: &'static str,
 }
 
-/// Serves the probe endpoints on `listener` until `drain` is signalled, then stops accepting and
-/// closes the listener. Open connections hold `drain` open: on a graceful drain they finish the
-/// request in progress and close; on an immediate drain they are dropped.
-pub async fn serve(listener: TcpListener, state: ProbeState, drain: DrainWatcher) {
-    loop {
-        let stream = tokio::select! {
-            biased;
-            _ = drain.signaled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
-                Err(error) => {
-                    // Usually out of file descriptors; back off instead of spinning.
-                    tracing::warn!(%error, "probe server accept failed");
-                    tokio::select! {
-                        _ = drain.signaled() => break,
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
-                    }
-                }
-            },
-        };
-        tokio::spawn(serve_connection(stream, state.clone(), drain.clone()));
-    }
-    tracing::debug!("probe server stopped accepting");
+impl Paths {
+    /// The daemon's own: `/healthz`, `/readyz`, `/metrics` (what Istio's CNI DaemonSet probes).
+    pub const DAEMON: Paths = Paths { live: Some("/healthz"), ready: "/readyz", metrics: "/metrics" };
 }
 
-async fn serve_connection(stream: TcpStream, state: ProbeState, drain: DrainWatcher) {
-    let service = service_fn(move |request| {
-        let response = respond(&request, &state);
-        async move { Ok::<_, Infallible>(response) }
-    });
-    let connection = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .serve_connection(TokioIo::new(stream), service);
-    let mut connection = std::pin::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        mode = drain.signaled() => match mode {
-            DrainMode::Graceful => {
-                connection.as_mut().graceful_shutdown();
-                connection.await
-            }
-            DrainMode::Immediate => return,
-        },
-    };
-    if let Err(error) = result {
-        tracing::debug!(%error, "probe connection ended with an error");
+impl Default for Paths {
+    fn default() -> Self {
+        Paths::DAEMON
     }
 }
 
-fn respond<B>(request: &Request<B>, state: &ProbeState) -> Response<Full<Bytes>> {
+/// Serves the probe endpoints at `paths` on `listener` until `drain` is signalled (see [`http::Server::serve`]).
+pub async fn serve(listener: TcpListener, state: ProbeState, paths: Paths, drain: DrainWatcher) {
+    http::Server::new("probes")
+        .serve(listener, drain, move |request| std::future::ready(respond(&request, &state, paths)))
+        .await;
+}
+
+fn respond<B>(request: &Request<B>, state: &ProbeState, paths: Paths) -> Response<Body> {
     let path = request.uri().path();
-    if !matches!(path, "/healthz" | "/readyz" | "/metrics") {
-        return reply(StatusCode::NOT_FOUND, TEXT, "not found\n".into());
+    let live = paths.live == Some(path);
+    if !live && path != paths.ready && path != paths.metrics {
+        return reply(StatusCode::NOT_FOUND, TEXT, "not found\n");
     }
     if request.method() != Method::GET {
-        let mut response = reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "method not allowed\n".into());
+        let mut response = reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "method not allowed\n");
         response.headers_mut().insert(ALLOW, HeaderValue::from_static("GET"));
         return response;
     }
-    match path {
-        "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" => match state.reason() {
-            None => reply(StatusCode::OK, TEXT, "ready\n".into()),
-            Some(reason) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{reason}\n")),
-        },
-        _ => metrics(state),
+    if live {
+        return reply(StatusCode::OK, TEXT, "ok\n");
     }
+    if path == paths.ready {
+        return readiness(state);
+    }
+    metrics(state)
 }
 
-fn metrics(state: &ProbeState) -> Response<Full<Bytes>> {
+/// 200 `ready`, or 503 with one `name: reason` line per blocker still blocking.
+fn readiness(state: &ProbeState) -> Response<Body> {
+    let blocking = state.blocking();
+    if blocking.is_empty() {
+        return reply(StatusCode::OK, TEXT, "ready\n");
+    }
+    let body: String = blocking.iter().map(|(name, reason)| format!("{name}: {reason}\n")).collect();
+    reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, body)
+}
+
+fn metrics(state: &ProbeState) -> Response<Body> {
     let mut body = String::new();
-    let encoded = {
-        let registry = state.registry().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        prometheus_client::encoding::text::encode(&mut body, &registry)
-    };
-    match encoded {
-        Ok(()) => reply(StatusCode::OK, OPENMETRICS, body),
+    match state.with_registry(|registry| prometheus_client::encoding::text::encode(&mut body, registry)) {
+        Ok(()) => reply(StatusCode::OK, OPENMETRICS, Bytes::from(body)),
         Err(error) => {
             tracing::warn!(%error, "encoding metrics failed");
-            reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, "encoding metrics failed\n".into())
+            reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, "encoding metrics failed\n")
         }
     }
-}
-
-fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
 }

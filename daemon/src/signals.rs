@@ -1,5 +1,9 @@
 //! Waiting for the signals the kubelet and a terminal send to stop a process.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::Error;
@@ -13,18 +17,36 @@ pub enum ShutdownSignal {
     Interrupt,
 }
 
+/// Resolves on the first SIGTERM or SIGINT after [`shutdown_signal`] installed the handlers; a named type so the
+/// shared main can hand it to the binary.
+pub struct Shutdown(Pin<Box<dyn Future<Output = ShutdownSignal> + Send>>);
+
+impl std::fmt::Debug for Shutdown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Shutdown")
+    }
+}
+
+impl Future for Shutdown {
+    type Output = ShutdownSignal;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ShutdownSignal> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
 /// Installs SIGTERM and SIGINT handlers right away and returns a future that resolves on the first of them, so
 /// `main` can start a drain instead of dying mid-work. A signal that arrives before the future is polled (say,
 /// during a long startup step) is not lost. The handlers stay installed for the life of the process.
-pub fn shutdown_signal() -> Result<impl std::future::Future<Output = ShutdownSignal>, Error> {
+pub fn shutdown_signal() -> Result<Shutdown, Error> {
     let mut term = signal(SignalKind::terminate()).map_err(|source| Error::Signal { signal: "SIGTERM", source })?;
     let mut int = signal(SignalKind::interrupt()).map_err(|source| Error::Signal { signal: "SIGINT", source })?;
-    Ok(async move {
+    Ok(Shutdown(Box::pin(async move {
         tokio::select! {
             _ = term.recv() => ShutdownSignal::Terminate,
             _ = int.recv() => ShutdownSignal::Interrupt,
         }
-    })
+    })))
 }
 
 #[cfg(test)]

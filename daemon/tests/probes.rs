@@ -1,4 +1,5 @@
-//! The probe server as the kubelet and Prometheus see it: real TCP on 127.0.0.1, raw HTTP/1.1.
+//! The probe server as the kubelet and Prometheus see it, and the HTTP server under it (connection cap, header
+//! timeout, unix sockets): real sockets on 127.0.0.1 or in a temp dir, raw HTTP/1.1.
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -6,12 +7,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use daemon::drain::{Drain, DrainMode, DrainTrigger};
-use daemon::probes::{self, ProbeState};
+use daemon::http::{self, reply, TEXT};
+use daemon::listener;
+use daemon::probes::{self, Blocker, Paths, ProbeState};
+use hyper::StatusCode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream, UnixStream};
 use tokio::task::JoinHandle;
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -23,17 +27,28 @@ async fn within<F: Future>(what: &str, fut: F) -> F::Output {
 struct Server {
     addr: SocketAddr,
     state: ProbeState,
+    /// Registered before serving, as the shared main does.
+    startup: Blocker,
     trigger: DrainTrigger,
     task: JoinHandle<()>,
 }
 
 async fn start() -> Server {
-    let listener = probes::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await.expect("binding 127.0.0.1:0");
+    start_at(Paths::DAEMON).await
+}
+
+async fn start_at(paths: Paths) -> Server {
+    let listener = listener::bind_tcp(localhost_any()).await.expect("binding 127.0.0.1:0");
     let addr = listener.local_addr().unwrap();
     let state = ProbeState::new(Arc::new(Mutex::new(Registry::default())));
+    let startup = state.blocker("startup", "starting");
     let (trigger, watcher) = Drain::new();
-    let task = tokio::spawn(probes::serve(listener, state.clone(), watcher));
-    Server { addr, state, trigger, task }
+    let task = tokio::spawn(probes::serve(listener, state.clone(), paths, watcher));
+    Server { addr, state, startup, trigger, task }
+}
+
+fn localhost_any() -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, 0))
 }
 
 #[derive(Debug)]
@@ -50,7 +65,7 @@ impl Reply {
 }
 
 /// Sends one request on `stream` and reads exactly one response (framed by Content-Length).
-async fn exchange(stream: &mut TcpStream, method: &str, path: &str, close: bool) -> Reply {
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, method: &str, path: &str, close: bool) -> Reply {
     let connection = if close { "Connection: close\r\n" } else { "" };
     let request = format!("{method} {path} HTTP/1.1\r\nHost: probe\r\n{connection}\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -100,26 +115,59 @@ async fn healthz_answers_ok_whatever_readiness() {
     let server = start().await;
     let reply = get(server.addr, "GET", "/healthz").await;
     assert_eq!((reply.status, reply.body.as_str()), (200, "ok\n"));
-    server.state.set_not_ready("broken");
+    server.state.blocker("repair", "broken");
     let reply = get(server.addr, "GET", "/healthz").await;
     assert_eq!((reply.status, reply.body.as_str()), (200, "ok\n"));
 }
 
 #[tokio::test]
-async fn readyz_follows_state_and_shows_the_reason() {
+async fn readyz_follows_the_blocker_and_shows_its_reason() {
     let server = start().await;
     let reply = get(server.addr, "GET", "/readyz").await;
-    assert_eq!((reply.status, reply.body.as_str()), (503, "starting\n"));
+    assert_eq!((reply.status, reply.body.as_str()), (503, "startup: starting\n"));
 
-    server.state.set_ready();
+    server.startup.clear();
     let reply = get(server.addr, "GET", "/readyz?verbose").await;
     assert_eq!((reply.status, reply.body.as_str()), (200, "ready\n"));
 
-    server.state.set_not_ready("CNI config /etc/cni/net.d missing");
+    server.startup.block("CNI config /etc/cni/net.d missing");
     let reply = get(server.addr, "GET", "/readyz").await;
     assert_eq!(reply.status, 503);
-    assert_eq!(reply.body, "CNI config /etc/cni/net.d missing\n");
+    assert_eq!(reply.body, "startup: CNI config /etc/cni/net.d missing\n");
     assert_eq!(reply.header("content-type"), Some("text/plain; charset=utf-8"));
+}
+
+#[tokio::test]
+async fn readyz_lists_every_blocker_and_is_ready_only_when_all_clear() {
+    let server = start().await;
+    let config = server.state.blocker("cni-config", "waiting for a primary CNI config");
+    let watch = server.state.blocker("pod-watch", "listing this node's pods");
+    server.startup.clear();
+    let reply = get(server.addr, "GET", "/readyz").await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.body, "cni-config: waiting for a primary CNI config\npod-watch: listing this node's pods\n");
+
+    config.clear();
+    let reply = get(server.addr, "GET", "/readyz").await;
+    assert_eq!((reply.status, reply.body.as_str()), (503, "pod-watch: listing this node's pods\n"));
+
+    watch.clear();
+    let reply = get(server.addr, "GET", "/readyz").await;
+    assert_eq!((reply.status, reply.body.as_str()), (200, "ready\n"));
+}
+
+#[tokio::test]
+async fn other_paths_serve_the_same_answers() {
+    let paths = Paths { live: None, ready: "/healthz/ready", metrics: "/stats" };
+    let server = start_at(paths).await;
+    let reply = get(server.addr, "GET", "/healthz/ready").await;
+    assert_eq!((reply.status, reply.body.as_str()), (503, "startup: starting\n"));
+    server.startup.clear();
+    assert_eq!(get(server.addr, "GET", "/healthz/ready").await.status, 200);
+    assert!(get(server.addr, "GET", "/stats").await.body.ends_with("# EOF\n"));
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(get(server.addr, "GET", path).await.status, 404, "{path}");
+    }
 }
 
 #[tokio::test]
@@ -257,8 +305,93 @@ async fn drain_closes_a_half_sent_request_without_answering() {
 
 #[tokio::test]
 async fn bind_error_names_the_address() {
-    let first = probes::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await.unwrap();
+    let first = listener::bind_tcp(localhost_any()).await.unwrap();
     let addr = first.local_addr().unwrap();
-    let error = probes::bind(addr).await.expect_err("second bind of the same port");
+    let error = listener::bind_tcp(addr).await.expect_err("second bind of the same port");
     assert!(error.to_string().contains(&addr.to_string()), "{error}");
+}
+
+/// Serves `200 hello` to every request on `listener` with `server`, until the returned trigger drains it.
+async fn serve_hello<L: listener::Listen>(server: http::Server, listener: L) -> (DrainTrigger, JoinHandle<()>) {
+    let (trigger, watcher) = Drain::new();
+    let task = tokio::spawn(server.serve(listener, watcher, |_request| async { reply(StatusCode::OK, TEXT, "hello\n") }));
+    (trigger, task)
+}
+
+/// Reads until the peer closes; a reset counts as closed.
+async fn closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut rest = Vec::new();
+    let _ = within("connection closed", stream.read_to_end(&mut rest)).await;
+    rest
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_are_closed_at_once() {
+    let listener = listener::bind_tcp(localhost_any()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (trigger, task) = serve_hello(http::Server::new("capped").max_connections(1), listener).await;
+    let mut first = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(exchange(&mut first, "GET", "/", false).await.status, 200);
+
+    // The first connection (keep-alive) holds the only slot: the second is closed without an answer.
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    second.write_all(b"GET / HTTP/1.1\r\nHost: capped\r\n\r\n").await.unwrap();
+    assert_eq!(closed(&mut second).await, b"", "answered over the cap");
+    assert_eq!(exchange(&mut first, "GET", "/", false).await.status, 200, "the first connection still served");
+
+    // Once it goes, its slot frees up (when its task has ended).
+    drop(first);
+    let served = async {
+        loop {
+            let mut next = TcpStream::connect(addr).await.unwrap();
+            if next.write_all(b"GET / HTTP/1.1\r\nHost: capped\r\nConnection: close\r\n\r\n").await.is_ok() {
+                let answer = closed(&mut next).await;
+                if answer.starts_with(b"HTTP/1.1 200") {
+                    break;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    within("a connection served after the first closed", served).await;
+    trigger.start(DrainMode::Graceful);
+    within("serve returning", task).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    let listener = listener::bind_tcp(localhost_any()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = http::Server::new("slow").header_read_timeout(Duration::from_millis(200));
+    let (trigger, _task) = serve_hello(server, listener).await;
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: sl").await.unwrap();
+    let answer = closed(&mut slow).await;
+    assert!(!answer.starts_with(b"HTTP/1.1 200"), "answered a request never finished");
+    // Nothing is left holding the drain.
+    trigger.start(DrainMode::Graceful);
+    within("drain complete", trigger.drained()).await;
+}
+
+#[tokio::test]
+async fn serves_a_unix_socket_replacing_a_stale_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.sock");
+    std::fs::write(&path, b"stale").unwrap();
+    let listener = listener::bind_unix(&path, 0o666).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o666);
+    let (trigger, task) = serve_hello(http::Server::new("unix"), listener).await;
+    let mut stream = within("connect", UnixStream::connect(&path)).await.unwrap();
+    let reply = exchange(&mut stream, "POST", "/cmdadd", true).await;
+    assert_eq!((reply.status, reply.body.as_str()), (200, "hello\n"));
+    trigger.start(DrainMode::Graceful);
+    within("serve returning", task).await.unwrap();
+    within("drain complete", trigger.drained()).await;
+}
+
+#[tokio::test]
+async fn unix_bind_error_names_the_path() {
+    let error = listener::bind_unix(std::path::Path::new("/nonexistent/dir/x.sock"), 0o600).unwrap_err();
+    assert!(error.to_string().contains("/nonexistent/dir/x.sock"), "{error}");
 }

@@ -4,6 +4,7 @@ use crate::kinds::{self, ResourceKind};
 use crate::store::Store;
 use crate::Error;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -51,6 +52,8 @@ struct Inner {
     drops: watch::Sender<u64>,
     requests: Mutex<Vec<RequestRecord>>,
     fault: Mutex<Option<Fault>>,
+    /// Watch streams open right now, by kind name (`Pod`); see [`Cluster::open_watches`].
+    open_watches: Mutex<HashMap<&'static str, usize>>,
 }
 
 /// The in-memory cluster a fake apiserver serves, plus its test controls. Cheap to clone (shared state).
@@ -87,6 +90,7 @@ impl Cluster {
                 drops,
                 requests: Mutex::new(Vec::new()),
                 fault: Mutex::new(None),
+                open_watches: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -154,11 +158,41 @@ impl Cluster {
         *lock(&self.inner.fault) = fault;
     }
 
+    /// How many watch streams of `kind` (a kind name or plural, e.g. `Pod` or `pods`) are open right now,
+    /// whatever their namespace or selectors: a test hook, so tests can check that a client shares one watch
+    /// instead of opening several. A stream counts from the moment its request is answered until it ends
+    /// (timeout, [`Cluster::drop_watches`], shutdown, or the client going away). 0 for an unknown kind.
+    pub fn open_watches(&self, kind: &str) -> usize {
+        let Some(kind) = kinds::by_name(kind) else { return 0 };
+        lock(&self.inner.open_watches).get(kind.kind).copied().unwrap_or(0)
+    }
+
+    /// Counts a watch stream of `kind` as open until the returned guard is dropped.
+    pub(crate) fn watch_opened(&self, kind: &'static ResourceKind) -> OpenWatch {
+        *lock(&self.inner.open_watches).entry(kind.kind).or_default() += 1;
+        OpenWatch { cluster: self.clone(), kind: kind.kind }
+    }
+
     pub(crate) fn fault(&self) -> Option<Fault> {
         lock(&self.inner.fault).clone()
     }
 
     pub(crate) fn log_request(&self, record: RequestRecord) {
         lock(&self.inner.requests).push(record);
+    }
+}
+
+/// One open watch stream, counted in [`Cluster::open_watches`] while it lives.
+#[derive(Debug)]
+pub(crate) struct OpenWatch {
+    cluster: Cluster,
+    kind: &'static str,
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        if let Some(open) = lock(&self.cluster.inner.open_watches).get_mut(self.kind) {
+            *open = open.saturating_sub(1);
+        }
     }
 }

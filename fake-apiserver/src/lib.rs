@@ -157,6 +157,11 @@ impl FakeApiServer {
         self.cluster.drop_watches();
     }
 
+    /// See [`Cluster::open_watches`].
+    pub fn open_watches(&self, kind: &str) -> usize {
+        self.cluster.open_watches(kind)
+    }
+
     /// See [`Cluster::requests`].
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.cluster.requests()

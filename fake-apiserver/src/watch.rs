@@ -73,7 +73,12 @@ fn translate(spec: &WatchSpec, change: &Change) -> Option<Bytes> {
 /// Starts the watch on a background task and returns the streaming response body.
 pub(crate) fn watch_body(cluster: Cluster, spec: WatchSpec) -> Body {
     let (tx, rx) = mpsc::channel::<Bytes>(256);
-    tokio::spawn(run(cluster, spec, tx));
+    // Counted from now (before the client sees the response) until the stream's task ends.
+    let open = cluster.watch_opened(spec.kind);
+    tokio::spawn(async move {
+        run(cluster, spec, tx).await;
+        drop(open);
+    });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     });

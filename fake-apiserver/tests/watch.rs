@@ -194,3 +194,35 @@ async fn raw_watch_expiry_bookmarks_and_timeout() {
     let ended = tokio::time::timeout(EVENT_DEADLINE, async { while timed.next().await.is_some() {} }).await;
     assert!(ended.is_ok(), "timeoutSeconds ends the stream");
 }
+
+/// Polls `count` until it equals `want`, failing after [`EVENT_DEADLINE`].
+async fn until_count(what: &str, want: usize, count: impl Fn() -> usize) {
+    let deadline = tokio::time::Instant::now() + EVENT_DEADLINE;
+    while count() != want {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {} open watches, expected {want}", count());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn open_watches_counts_the_streams_open_right_now_per_kind() {
+    let server = FakeApiServer::start().unwrap();
+    let client = client(&server).await;
+    let all: Api<Pod> = Api::all(client.clone());
+    let rv = all.list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
+    assert_eq!(server.open_watches("pods"), 0);
+
+    // Counted as soon as the watch request is answered, whatever the namespace or selectors.
+    let first = all.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+    let on_node = WatchParams::default().fields("spec.nodeName=n1");
+    let second = Api::<Pod>::namespaced(client, "default").watch(&on_node, &rv).await.unwrap().boxed();
+    assert_eq!((server.open_watches("Pod"), server.open_watches("pods")), (2, 2));
+    assert_eq!((server.open_watches("namespaces"), server.open_watches("no-such-kind")), (0, 0));
+
+    // Forgotten when the client goes away, and when the server ends its streams.
+    drop(first);
+    until_count("after the client dropped one", 1, || server.open_watches("pods")).await;
+    server.drop_watches();
+    until_count("after drop_watches", 0, || server.open_watches("pods")).await;
+    drop(second);
+}

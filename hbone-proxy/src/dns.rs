@@ -1,8 +1,8 @@
-//! The in-pod DNS forwarder on 15053. The in-pod rules redirect the pod's DNS (UDP and TCP port 53) here by
-//! default, so without it an enrolled pod cannot resolve names. Each query is relayed unchanged to the
-//! upstream resolvers from inside the pod netns (source: the pod IP; mark 0x539, so the rules do not capture
-//! it again), and the answer goes back unchanged. A query no upstream answers in time gets SERVFAIL instead
-//! of silence, so clients fail fast rather than retrying into their own timeouts.
+//! The in-pod DNS forwarder on [`ports::DNS`]. The in-pod rules redirect the pod's DNS (UDP and TCP port 53)
+//! here by default, so without it an enrolled pod cannot resolve names. Each query is relayed unchanged to the
+//! upstream resolvers from inside the pod netns (source: the pod IP; the proxy mark [`PROXY_MARK`], so the rules
+//! do not capture it again), and the answer goes back unchanged. A query no upstream answers in time gets
+//! SERVFAIL instead of silence, so clients fail fast rather than retrying into their own timeouts.
 //!
 //! Messages are opaque bytes except for the 12-byte header fields read or set here (id, QR, RCODE).
 
@@ -13,16 +13,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use istio_contract::ports;
+use istio_contract::proxy::PROXY_MARK;
 use netns::Netns;
 use nix::sys::socket::{bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 
-use crate::sockets::{self, PROXY_MARK};
+use crate::sockets;
 
-/// Port of the DNS forwarder (ztunnel's DNS proxy port), where the in-pod rules send port-53 traffic.
-pub const DNS_PORT: u16 = 15053;
 /// How long one query may take across all upstreams before the client gets SERVFAIL.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client TCP connection may sit idle between queries.
@@ -94,9 +94,9 @@ fn nameservers(resolv_conf: &str) -> Vec<SocketAddr> {
 /// packets rewrites their destination to loopback, and a reply from there matches the NAT entry (so the
 /// client sees it come from the resolver it asked). IPv6 only when the pod has an IPv6 address.
 pub fn listen_addrs(pod_ips: &[IpAddr]) -> Vec<SocketAddr> {
-    let mut addrs = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, DNS_PORT))];
+    let mut addrs = vec![SocketAddr::from((Ipv4Addr::LOCALHOST, ports::DNS))];
     if pod_ips.iter().any(IpAddr::is_ipv6) {
-        addrs.push(SocketAddr::from((Ipv6Addr::LOCALHOST, DNS_PORT)));
+        addrs.push(SocketAddr::from((Ipv6Addr::LOCALHOST, ports::DNS)));
     }
     addrs
 }

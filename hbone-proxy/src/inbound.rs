@@ -1,6 +1,6 @@
-//! Inbound traffic of a pod: HBONE tunnels on 15008 (mutual TLS, then CONNECT to the app) and captured
-//! plaintext on 15006. Both connect to the app from inside the pod's netns with the client's IP as the
-//! source (transparent socket), so the app sees the real peer.
+//! Inbound traffic of a pod: HBONE tunnels on Istio's HBONE port (mutual TLS, then CONNECT to the app) and
+//! captured plaintext on Istio's plaintext inbound port. Both connect to the app from inside the pod's netns with the
+//! client's IP as the source (transparent socket), so the app sees the real peer.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::config::MtlsMode;
+use crate::context::PodContext;
 use crate::metrics::Direction;
-use crate::pod::PodContext;
 use crate::sockets;
 
 /// Connects HBONE tunnels to the pod's apps.
@@ -56,7 +56,7 @@ impl ConnectHandler for ToApp {
     }
 }
 
-/// Serves one connection accepted on 15008 until it ends or the pod proxy stops (then it drains).
+/// Serves one connection accepted on the HBONE port until it ends or the pod proxy stops (then it drains).
 pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut stop: watch::Receiver<()>) {
     // HTTP/2 frames are written as they are ready; Nagle would hold back the small ones (WINDOW_UPDATE, PING).
     let _ = tcp.set_nodelay(true);
@@ -83,8 +83,8 @@ pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut st
     }
 }
 
-/// Forwards one connection captured on 15006 to its original destination in the pod; in `MTLS_MODE=STRICT`
-/// resets it instead, so only HBONE reaches the apps.
+/// Forwards one connection captured on the plaintext inbound port to its original destination in the pod; in
+/// `MTLS_MODE=STRICT` resets it instead, so only HBONE reaches the apps.
 pub async fn plaintext(pod: Arc<PodContext>, mut client: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
     let dst = match sockets::original_dst(&client) {

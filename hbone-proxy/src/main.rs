@@ -3,6 +3,7 @@
 
 mod admin;
 mod config;
+mod context;
 mod directory;
 mod dns;
 mod endpoints;

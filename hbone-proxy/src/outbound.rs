@@ -1,4 +1,4 @@
-//! Outbound capture (15001): a connection the pod's app opened, redirected by the in-pod rules. Mesh
+//! Outbound capture ([`ports::OUTBOUND`]): a connection the pod's app opened, redirected by the in-pod rules. Mesh
 //! destinations are reached over HBONE as the pod's identity; anything else is passed through as plain TCP
 //! from the pod's netns.
 
@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hbone::ConnectRequest;
+use istio_contract::ports;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::directory::Protocol;
 use crate::metrics::Direction;
-use crate::pod::{PodContext, HBONE_PORT};
+use crate::context::PodContext;
 use crate::sockets;
 
 /// Proxies one captured outbound connection until both sides are done.
@@ -56,7 +57,7 @@ pub async fn handle(pod: Arc<PodContext>, mut app: TcpStream, peer: SocketAddr) 
             let request = ConnectRequest {
                 src: pod.cert(),
                 src_addr: peer,
-                dst: SocketAddr::new(dst.ip(), HBONE_PORT),
+                dst: SocketAddr::new(dst.ip(), ports::HBONE),
                 dst_identity: d.identity,
                 authority: dst,
                 baggage: pod.baggage.clone(),

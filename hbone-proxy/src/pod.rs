@@ -1,12 +1,14 @@
 //! One enrolled pod's proxy: its identity and certificate, its HBONE client pool, and the in-pod listeners
-//! (15001 outbound, 15006 inbound plaintext, 15008 inbound HBONE, 15053 DNS) that live as long as this value.
+//! (outbound on [`ports::OUTBOUND`], inbound plaintext on [`ports::INBOUND_PLAINTEXT`], inbound HBONE on
+//! [`ports::HBONE`], DNS on [`ports::DNS`]) that live as long as this value.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hbone::{Baggage, ConnectObserver, Identity, InboundTls, Pool, PoolConfig, ServerCerts, WorkloadCert};
+use hbone::{Baggage, ConnectObserver, Identity, InboundTls, Pool, PoolConfig, ServerCerts};
+use istio_contract::ports;
 use netns::Netns;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
@@ -14,15 +16,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use zds::messages::WorkloadInfo;
 
+use crate::context::PodContext;
 use crate::mesh::Mesh;
 use crate::{dns, inbound, outbound, sockets};
-
-/// Port of the outbound capture listener.
-pub const OUTBOUND_PORT: u16 = 15001;
-/// Port of the inbound plaintext capture listener.
-pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
-/// Port of the inbound HBONE listener.
-pub const HBONE_PORT: u16 = 15008;
 
 /// Why a pod's proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -56,30 +52,6 @@ pub enum StartError {
         /// The underlying error.
         source: std::io::Error,
     },
-}
-
-/// What every connection handler of one pod needs.
-#[derive(Debug)]
-pub struct PodContext {
-    /// The pod's uid, for logs.
-    pub uid: String,
-    /// The pod's network namespace: upstream sockets are created there.
-    pub netns: Arc<Netns>,
-    /// The pod's current workload certificate; replaced at half life (see [`rotate_certs`]).
-    cert: RwLock<Arc<WorkloadCert>>,
-    /// HBONE connections from this pod (dialled from its netns).
-    pub pool: Pool,
-    /// Who the pod is, sent with each CONNECT.
-    pub baggage: Baggage,
-    /// The node-wide state.
-    pub mesh: Arc<Mesh>,
-}
-
-impl PodContext {
-    /// The pod's current workload certificate: new connections present it, open ones keep the one they began with.
-    pub fn cert(&self) -> Arc<WorkloadCert> {
-        self.cert.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-    }
 }
 
 /// A running pod proxy. Dropping it closes the pod's listeners at once and asks open HBONE connections to
@@ -131,14 +103,7 @@ impl PodProxy {
         if !info.name.is_empty() {
             baggage.workload = Some(("pod".to_owned(), info.name.clone()));
         }
-        let ctx = Arc::new(PodContext {
-            uid: uid.to_owned(),
-            netns: netns.clone(),
-            cert: RwLock::new(cert),
-            pool,
-            baggage,
-            mesh: mesh.clone(),
-        });
+        let ctx = Arc::new(PodContext::new(uid, netns.clone(), cert, pool, baggage, mesh.clone()));
 
         let (stop, _) = watch::channel(());
         let inbound_tls = InboundTls::new(mesh.tls.clone(), certs.clone());
@@ -151,13 +116,13 @@ impl PodProxy {
             };
             let ctx_out = ctx.clone();
             listeners
-                .spawn(accept_loop(bind(OUTBOUND_PORT)?, move |s, peer| outbound::handle(ctx_out.clone(), s, peer)));
+                .spawn(accept_loop(bind(ports::OUTBOUND)?, move |s, peer| outbound::handle(ctx_out.clone(), s, peer)));
             let ctx_in = ctx.clone();
-            listeners.spawn(accept_loop(bind(INBOUND_PLAINTEXT_PORT)?, move |s, peer| {
+            listeners.spawn(accept_loop(bind(ports::INBOUND_PLAINTEXT)?, move |s, peer| {
                 inbound::plaintext(ctx_in.clone(), s, peer)
             }));
             let (ctx_hbone, tls, stop) = (ctx.clone(), inbound_tls.clone(), stop.clone());
-            listeners.spawn(accept_loop(bind(HBONE_PORT)?, move |s, _peer| {
+            listeners.spawn(accept_loop(bind(ports::HBONE)?, move |s, _peer| {
                 inbound::hbone(ctx_hbone.clone(), tls.clone(), s, stop.subscribe())
             }));
         }
@@ -227,7 +192,7 @@ async fn rotate_certs(ctx: Arc<PodContext>, identity: Identity, certs: ServerCer
         match rotated {
             Ok(cert) => {
                 tracing::info!(uid = ctx.uid, %identity, expires_at = %crate::admin::rfc3339(cert.expires_at()), "workload certificate rotated");
-                *ctx.cert.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(cert);
+                ctx.replace_cert(cert);
             }
             Err(error) => {
                 tracing::warn!(uid = ctx.uid, %error, retry_in = ?ROTATION_RETRY, "workload certificate rotation failed");

@@ -11,10 +11,9 @@ use netns::Netns;
 use nix::sys::socket::{
     bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage,
 };
+use istio_contract::proxy::PROXY_MARK;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-/// The mark on every proxy socket; the in-pod rules neither capture nor loop such packets.
-pub const PROXY_MARK: u32 = 0x539;
 /// How long an upstream connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -30,7 +29,8 @@ fn family(ip: IpAddr) -> AddressFamily {
     }
 }
 
-/// A non-blocking TCP socket of `ip`'s family carrying the proxy mark, created in the calling thread's netns.
+/// A non-blocking TCP socket of `ip`'s family carrying the proxy mark (the in-pod rules neither capture nor loop
+/// its packets), created in the calling thread's netns.
 fn marked_socket(ip: IpAddr) -> io::Result<OwnedFd> {
     let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
     let fd = socket(family(ip), SockType::Stream, flags, None)?;

@@ -7,10 +7,11 @@
 use std::net::{IpAddr, SocketAddr};
 
 use hbone::MeshCa;
+use istio_contract::ports;
 use serde_json::json;
-use tests::mesh::RuleBackend;
-use tests::node_agent::{namespace, NodeAgent};
-use tests::{Cluster, Pod};
+use testbed::mesh::RuleBackend;
+use testbed::node_agent::{namespace, NodeAgent};
+use testbed::{Cluster, Pod};
 
 mod support;
 use support::capture::{payload_bytes, Capture};
@@ -101,13 +102,13 @@ fn pods_on_two_nodes_talk_over_hbone_with_the_clients_ip_preserved() {
     let (a_data, b_data) = (Payload::new(1, CAPTURED).marked(), Payload::new(2, CAPTURED).marked());
     let peer = support::traffic::transfer(listen_on(&b, APP_PORT), || connect_from(&a, b_app), a_data, b_data);
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app on node 2 sees A's IP as the peer");
-    let packets = capture.stop_when("both payloads on the node link", |p| payload_bytes(p, 15008) > 2 * CAPTURED);
+    let packets = capture.stop_when("both payloads on the node link", |p| payload_bytes(p, ports::HBONE) > 2 * CAPTURED);
     let raw = std::fs::read(&file).expect("read capture");
     assert!(!raw.windows(MARKER.len()).any(|w| w == MARKER), "the plaintext marker crossed the node link");
     let with_payload: Vec<_> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
-    let off_port: Vec<_> = with_payload.iter().filter(|p| p.sport != 15008 && p.dport != 15008).collect();
+    let off_port: Vec<_> = with_payload.iter().filter(|p| p.sport != ports::HBONE && p.dport != ports::HBONE).collect();
     assert!(off_port.is_empty(), "TCP payload outside port 15008 on the node link: {off_port:?}");
-    let hello = with_payload.iter().find(|p| p.dport == 15008).expect("payload towards 15008");
+    let hello = with_payload.iter().find(|p| p.dport == ports::HBONE).expect("payload towards 15008");
     assert_eq!(hello.payload[..2], [0x16, 0x03], "the HBONE connection starts with a TLS handshake record");
 
     // The large exchange, counted exactly by both proxies.
@@ -116,7 +117,7 @@ fn pods_on_two_nodes_talk_over_hbone_with_the_clients_ip_preserved() {
     let peer = support::traffic::transfer(listen_on(&b, APP_PORT), || connect_from(&a, b_app), a_data, b_data);
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app on node 2 sees A's IP as the peer");
     let want: Vec<f64> = before.iter().map(|v| v + PAYLOAD as f64).collect();
-    tests::wait::eventually("both proxies counted exactly the transfer each way", || {
+    testbed::wait::eventually("both proxies counted exactly the transfer each way", || {
         (byte_metrics(&one, &two) == want).then_some(())
     });
     assert!(two.proxy.log().contains("direction=\"inbound\" protocol=\"HBONE\""), "node 2 logged the tunnel");

@@ -11,9 +11,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde_json::json;
-use tests::mesh::RuleBackend;
-use tests::node_agent::{ambient_conflist, ambient_pod, namespace, NodeAgent};
-use tests::{Cluster, NetnsGuard, Pod};
+use testbed::mesh::RuleBackend;
+use testbed::node_agent::{ambient_conflist, ambient_pod, namespace, NodeAgent};
+use testbed::{Cluster, NetnsGuard, Pod};
 
 mod support;
 use support::Proxy;

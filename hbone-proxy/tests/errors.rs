@@ -19,17 +19,17 @@ use hbone::{
 use http::StatusCode;
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use istio_contract::ports;
+use istio_contract::proxy::PROXY_MARK;
 use netns::Netns;
 use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
-use tests::wait::eventually;
+use testbed::wait::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod support;
 use support::{listening, APP_PORT, NS, TD};
 
 const B_SA: &str = "b-sa";
-/// The mark the proxy puts on its sockets; the in-pod rules let such traffic through uncaptured.
-const PROXY_MARK: u32 = 0x539;
 /// Bound on every async part of a test.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -94,7 +94,7 @@ impl Scene {
         ConnectRequest {
             src: src.clone(),
             src_addr: SocketAddr::from((self.a.ip, 40000)),
-            dst: SocketAddr::from((self.b.ip, 15008)),
+            dst: SocketAddr::from((self.b.ip, ports::HBONE)),
             dst_identity: self.b_identity(),
             authority,
             baggage: Baggage::namespace(NS),
@@ -240,13 +240,13 @@ fn b_answers_protocol_errors_with_400_and_503() {
         let elsewhere = SocketAddr::from((scene.a.ip, APP_PORT));
         let status = refusal(pool.connect(&scene.request(&cert, elsewhere)).await);
         assert_eq!(status, StatusCode::BAD_REQUEST, ":authority IP other than the dialled IP");
-        for port in [15001, 15006, 15008] {
+        for port in [ports::OUTBOUND, ports::INBOUND_PLAINTEXT, ports::HBONE] {
             let status = refusal(pool.connect(&scene.request(&cert, SocketAddr::from((scene.b.ip, port)))).await);
             assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "CONNECT to B:{port}");
         }
 
         // A plain GET on a valid mTLS HTTP/2 connection.
-        let dst = SocketAddr::from((scene.b.ip, 15008));
+        let dst = SocketAddr::from((scene.b.ip, ports::HBONE));
         let tcp = (marked_dialer(scene.a.netns.path()))(dst).await.expect("dial B:15008");
         let tls = MeshTls::new(TD, scene.ca.roots()).expect("mesh TLS");
         let stream = tls.connect(tcp, &cert, &scene.b_identity()).await.expect("mTLS with B");
@@ -310,7 +310,7 @@ fn sigterm_lets_open_streams_finish_and_sends_goaway() {
 
     let sent = scene.proxy.terminate();
     eventually("the proxy starts draining", || scene.proxy.log().contains("shutting down").then_some(()));
-    eventually("the proxy stops accepting on B's 15008", || (!listening(&scene.b.netns, 15008)).then_some(()));
+    eventually("the proxy stops accepting on B's 15008", || (!listening(&scene.b.netns, ports::HBONE)).then_some(()));
     eventually("B's proxy sent GOAWAY on the test's HBONE connection", || (pool.connection_count() == 0).then_some(()));
 
     // Both open streams still flow, then finish.

@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tests::hbone_proxy::Proxy;
-use tests::mesh::plain_pod;
-use tests::node_agent::ambient_conflist;
-use tests::wait::{eventually, eventually_or};
-use tests::{NetnsGuard, Pod};
+use istio_contract::ports;
+use testbed::hbone_proxy::Proxy;
+use testbed::mesh::plain_pod;
+use testbed::node_agent::ambient_conflist;
+use testbed::wait::{eventually, eventually_or};
+use testbed::{NetnsGuard, Pod};
 use zds::messages::{workload_response, Ack, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello};
 use zds::transport::{SeqpacketConn, SeqpacketListener};
 
@@ -190,7 +191,7 @@ fn garbage_from_the_agent_side_makes_the_proxy_reconnect_and_keep_its_pods_liste
     let listener = rt.block_on(async { SeqpacketListener::bind(&uds, 0o700) }).expect("bind the test's ZDS socket");
     let proxy = LoneProxy::start(&node, dir.path(), &uds);
     let info = WorkloadInfo { name: "web".into(), namespace: NS.into(), service_account: "web-sa".into() };
-    let pod_ports = [15001, 15006, 15008];
+    let pod_ports = [ports::OUTBOUND, ports::INBOUND_PLAINTEXT, ports::HBONE];
 
     rt.block_on(async {
         let conn = accept_hello(&listener).await;
@@ -230,6 +231,6 @@ fn garbage_from_the_agent_side_makes_the_proxy_reconnect_and_keep_its_pods_liste
         // The connection still works for real requests: a Del stops the pod's listeners.
         assert_eq!(request(&conn, &WorkloadRequest::del("web-uid"), None).await, Ok(()));
     });
-    eventually("the Del closed the pod's listeners", || (!listening(&pod, 15008)).then_some(()));
+    eventually("the Del closed the pod's listeners", || (!listening(&pod, ports::HBONE)).then_some(()));
     assert!(proxy.log().contains("pod proxy stopped"), "{}", proxy.log());
 }

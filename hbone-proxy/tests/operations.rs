@@ -9,19 +9,18 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tests::node_agent::{netns_id, uid};
-use tests::wait::eventually;
-use tests::Pod;
+use istio_contract::ports;
+use testbed::node_agent::{netns_id, uid};
+use testbed::wait::eventually;
+use testbed::Pod;
 
 mod support;
 use support::traffic::Payload;
 use support::{
     ambient_member, config_dump, connect_from, dumped_pod, http_get, listen_on, listening, metric, workload,
-    write_workloads, Proxy, Scene, ADMIN_PORT, APP_PORT, NS,
+    write_workloads, Proxy, Scene, APP_PORT, NS,
 };
 
-/// Where the proxy serves `/healthz/ready`, inside the node netns.
-const READY_PORT: u16 = 15021;
 /// How often the proxy retries a pod that failed to start.
 const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -46,7 +45,7 @@ fn log_seconds(line: &str) -> f64 {
 }
 
 fn readiness(scene: &Scene) -> Option<(u16, String)> {
-    http_get(&scene.cluster.node.netns().path(), READY_PORT, "/healthz/ready")
+    http_get(&scene.cluster.node.netns().path(), ports::READINESS, "/healthz/ready")
 }
 
 /// A 1 MiB exchange each way between an app in `client` and a fresh listener of `server` on 8080.
@@ -79,9 +78,9 @@ fn a_pod_whose_proxy_cannot_start_is_retried_every_5s_and_keeps_the_proxy_unread
     let mut scene = scene(&[]);
     let netns = scene.cluster.node.netns().path();
     scene.proxy.stop();
-    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15008)).then_some(()));
+    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, ports::HBONE)).then_some(()));
     // Another process holds B's 15006 without SO_REUSEPORT: B's proxy cannot bind its listeners.
-    let blocker = listen_on(&scene.b, 15006);
+    let blocker = listen_on(&scene.b, ports::INBOUND_PLAINTEXT);
     scene.proxy = Proxy::spawn(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
     let pending = "workload_manager_pending_proxy_count";
     eventually("B counted as pending", || (metric(&netns, pending)? == 1.0).then_some(()));
@@ -90,7 +89,7 @@ fn a_pod_whose_proxy_cannot_start_is_retried_every_5s_and_keeps_the_proxy_unread
         let (status, reason) = readiness(&scene)?;
         (status == 503 && reason.contains("failed to start")).then_some(())
     });
-    assert!(listening(&scene.a.netns, 15008), "A's proxy started regardless");
+    assert!(listening(&scene.a.netns, ports::HBONE), "A's proxy started regardless");
     let b_uid = uid(&scene.cluster, NS, "b");
     let dump = config_dump(&scene);
     assert!(dump["pending"][0]["uid"] == b_uid.as_str(), "/config_dump lists B as pending: {dump}");
@@ -108,7 +107,7 @@ fn a_pod_whose_proxy_cannot_start_is_retried_every_5s_and_keeps_the_proxy_unread
     let freed = Instant::now();
     eventually("B's proxy started on a retry and the proxy is ready", || {
         let ready = readiness(&scene)?.0 == 200 && metric(&netns, pending)? == 0.0;
-        (ready && listening(&scene.b.netns, 15008)).then_some(())
+        (ready && listening(&scene.b.netns, ports::HBONE)).then_some(())
     });
     let took = freed.elapsed();
     assert!(took < RETRY_INTERVAL + Duration::from_millis(1500), "the retry came {took:?} after the port was freed");
@@ -137,7 +136,7 @@ fn config_dump_shows_pods_identities_and_certificate_expiry_and_the_connect_hist
         assert!(entry["certificate"]["expires_at"].as_str().is_some_and(|t| t.ends_with('Z')), "RFC 3339: {entry}");
     }
     // Bound to the node's loopback only: the node's own bridge address does not serve it.
-    let gateway = SocketAddr::from((scene.cluster.node.gateway(), ADMIN_PORT));
+    let gateway = SocketAddr::from((scene.cluster.node.gateway(), ports::ADMIN));
     let node = scene.cluster.node.netns().open().expect("open node netns");
     let refused = node.run(|| TcpStream::connect_timeout(&gateway, Duration::from_secs(2))).expect("enter node netns");
     assert!(refused.is_err(), "the admin port answers on {gateway}");

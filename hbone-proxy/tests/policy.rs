@@ -8,12 +8,13 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use istio_contract::ports;
 use serde_json::json;
 
-use tests::mesh::plain_pod;
-use tests::node_agent::{ambient_conflist, uid};
-use tests::wait::eventually;
-use tests::{Cluster, Pod};
+use testbed::mesh::plain_pod;
+use testbed::node_agent::{ambient_conflist, uid};
+use testbed::wait::eventually;
+use testbed::{Cluster, Pod};
 
 mod support;
 use support::traffic::echo_app;
@@ -59,7 +60,7 @@ fn strict_mtls_mode_refuses_plaintext_inbound_and_permissive_forwards_it() {
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 
     scene.proxy.stop();
-    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15006)).then_some(()));
+    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, ports::INBOUND_PLAINTEXT)).then_some(()));
     scene.proxy = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
     assert_eq!(say_hello(&outsider, &scene.b).expect("plaintext in PERMISSIVE mode"), HELLO);
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "PERMISSIVE (the default) forwards plaintext to the app");

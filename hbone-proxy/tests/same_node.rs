@@ -7,9 +7,10 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tests::node_agent::uid;
-use tests::wait::eventually;
-use tests::NetnsGuard;
+use istio_contract::ports;
+use testbed::node_agent::uid;
+use testbed::wait::eventually;
+use testbed::NetnsGuard;
 
 mod support;
 use support::capture::{host_veth, payload_bytes, Capture, Packet};
@@ -23,24 +24,29 @@ const PAYLOAD: u64 = 1024 * 1024 * 1024;
 /// Bytes each way in the captured transfer: enough for many full-size segments, small enough to keep the files
 /// small.
 const CAPTURED: u64 = 8 * 1024 * 1024;
+/// The TCP ports the proxy listens on in every pod.
+const POD_PORTS: [u16; 3] = [ports::OUTBOUND, ports::INBOUND_PLAINTEXT, ports::HBONE];
 /// Byte counters on the pod's non-loopback traffic, by port, before NAT on the way in and after it on the way out.
 fn install_counters(ns: &NetnsGuard) {
-    let rules = r#"
-table inet hbonetest {
-    chain pre {
+    let (hbone, app) = (ports::HBONE, APP_PORT);
+    let rules = format!(
+        r#"
+table inet hbonetest {{
+    chain pre {{
         type filter hook prerouting priority -300; policy accept;
-        iifname != "lo" tcp dport 15008 counter comment "in_dport_15008"
-        iifname != "lo" tcp dport 8080 counter comment "in_dport_8080"
-    }
-    chain post {
+        iifname != "lo" tcp dport {hbone} counter comment "in_dport_hbone"
+        iifname != "lo" tcp dport {app} counter comment "in_dport_app"
+    }}
+    chain post {{
         type filter hook postrouting priority 300; policy accept;
-        oifname != "lo" tcp dport 15008 counter comment "out_dport_15008"
-        oifname != "lo" tcp sport 15008 counter comment "out_sport_15008"
-        oifname != "lo" tcp dport 8080 counter comment "out_dport_8080"
-        oifname != "lo" tcp sport 8080 counter comment "out_sport_8080"
-    }
-}
-"#;
+        oifname != "lo" tcp dport {hbone} counter comment "out_dport_hbone"
+        oifname != "lo" tcp sport {hbone} counter comment "out_sport_hbone"
+        oifname != "lo" tcp dport {app} counter comment "out_dport_app"
+        oifname != "lo" tcp sport {app} counter comment "out_sport_app"
+    }}
+}}
+"#
+    );
     let file = tempfile::NamedTempFile::new().expect("rules file");
     std::fs::write(file.path(), rules).expect("write rules");
     ns.exec_ok(&["nft", "-f", &file.path().display().to_string()]);
@@ -93,7 +99,7 @@ fn capture_veths(scene: &Scene, dir: &Path) -> Vec<(&'static str, Capture)> {
 /// 15008; returns the packets.
 fn assert_only_tls_on_15008(name: &str, capture: Capture, dir: &Path, len: u64) -> Vec<Packet> {
     let both_payloads = format!("both payloads on {name}'s veth");
-    let packets = capture.stop_when(&both_payloads, |p| payload_bytes(p, 15008) > 2 * len);
+    let packets = capture.stop_when(&both_payloads, |p| payload_bytes(p, ports::HBONE) > 2 * len);
     let raw = std::fs::read(dir.join(format!("{name}.pcap"))).expect("read capture");
     assert!(
         !raw.windows(MARKER.len()).any(|w| w == MARKER),
@@ -101,10 +107,10 @@ fn assert_only_tls_on_15008(name: &str, capture: Capture, dir: &Path, len: u64) 
     );
     let with_payload: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
     let off_port: Vec<(u16, u16)> =
-        with_payload.iter().filter(|p| p.sport != 15008 && p.dport != 15008).map(|p| (p.sport, p.dport)).collect();
+        with_payload.iter().filter(|p| p.sport != ports::HBONE && p.dport != ports::HBONE).map(|p| (p.sport, p.dport)).collect();
     assert!(off_port.is_empty(), "{name}'s veth: TCP payload outside port 15008: {off_port:?}");
-    let first_to = with_payload.iter().find(|p| p.dport == 15008).expect("payload towards 15008");
-    let first_from = with_payload.iter().find(|p| p.sport == 15008).expect("payload from 15008");
+    let first_to = with_payload.iter().find(|p| p.dport == ports::HBONE).expect("payload towards 15008");
+    let first_from = with_payload.iter().find(|p| p.sport == ports::HBONE).expect("payload from 15008");
     for (side, packet) in [("client", first_to), ("server", first_from)] {
         assert_eq!(
             packet.payload[..2],
@@ -143,10 +149,10 @@ fn pods_on_one_node_exchange_a_gib_each_way_over_hbone_with_the_clients_ip_prese
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app sees A's IP as the peer (transparent source)");
 
     // On the wire: A → B only as HBONE (15008), nothing on the app port outside the pods.
-    assert!(counter(&a.netns, "out_dport_15008") > PAYLOAD, "A sent the payload to B:15008");
-    assert!(counter(&b.netns, "in_dport_15008") > PAYLOAD, "B received the payload on 15008");
-    assert!(counter(&b.netns, "out_sport_15008") > PAYLOAD, "B answered from 15008");
-    for (pod, name) in [(a, "out_dport_8080"), (a, "out_sport_8080"), (b, "in_dport_8080"), (b, "out_sport_8080")] {
+    assert!(counter(&a.netns, "out_dport_hbone") > PAYLOAD, "A sent the payload to B:15008");
+    assert!(counter(&b.netns, "in_dport_hbone") > PAYLOAD, "B received the payload on 15008");
+    assert!(counter(&b.netns, "out_sport_hbone") > PAYLOAD, "B answered from 15008");
+    for (pod, name) in [(a, "out_dport_app"), (a, "out_sport_app"), (b, "in_dport_app"), (b, "out_sport_app")] {
         assert_eq!(counter(&pod.netns, name), 0, "{name} must stay 0: no plaintext app traffic on the veth");
     }
     // The proxy counted exactly the transfer, each way, on B's HBONE inbound and A's HBONE outbound.
@@ -175,8 +181,8 @@ fn dual_stack_pods_exchange_mibs_over_ipv6_as_hbone_with_the_clients_ipv6_preser
     for (pod, name, v6) in [(&scene.a, "a", a6), (&scene.b, "b", b6)] {
         let ips = dumped_pod(&dump, name)["ips"].clone();
         assert!(ips.as_array().is_some_and(|ips| ips.contains(&v6.to_string().into())), "{name}'s {v6} in {ips}");
-        let v6_listener = pod.netns.exec_ok(&["ss", "-Hltn6", "sport = :15008"]);
-        assert!(v6_listener.contains("[::]:15008"), "{name} has an IPv6 HBONE listener: {v6_listener:?}");
+        let v6_listener = pod.netns.exec_ok(&["ss", "-Hltn6", &format!("sport = :{}", ports::HBONE)]);
+        assert!(v6_listener.contains(&format!("[::]:{}", ports::HBONE)), "{name} has an IPv6 HBONE listener: {v6_listener:?}");
     }
     let before = hbone_byte_counters(&netns);
     let files = tempfile::tempdir().expect("capture dir");
@@ -194,7 +200,7 @@ fn dual_stack_pods_exchange_mibs_over_ipv6_as_hbone_with_the_clients_ipv6_preser
         let tunnel: Vec<(IpAddr, IpAddr)> = packets
             .iter()
             .filter(|p| !p.payload.is_empty())
-            .map(|p| if p.dport == 15008 { (p.src, p.dst) } else { (p.dst, p.src) })
+            .map(|p| if p.dport == ports::HBONE { (p.src, p.dst) } else { (p.dst, p.src) })
             .filter(|ends| *ends != (IpAddr::from(a6), IpAddr::from(b6)))
             .collect();
         assert!(tunnel.is_empty(), "{name}'s veth: 15008 payload not between A's and B's IPv6: {tunnel:?}");
@@ -205,25 +211,25 @@ fn dual_stack_pods_exchange_mibs_over_ipv6_as_hbone_with_the_clients_ipv6_preser
 fn deleting_a_pod_closes_its_listeners_within_a_second() {
     let scene = scene();
     let b_uid = uid(&scene.cluster, NS, "b");
-    for port in [15001, 15006, 15008] {
+    for port in POD_PORTS {
         assert!(listening(&scene.b.netns, port), "B has a listener on {port} before the delete");
     }
     scene.cluster.api.delete("Pod", Some(NS), "b").expect("pod was stored");
     let stopped = format!("pod proxy stopped uid=\"{b_uid}\"");
     eventually("the proxy stops B's proxy", || scene.proxy.log().contains(&stopped).then_some(()));
     let since = std::time::Instant::now();
-    while [15001, 15006, 15008].iter().any(|port| listening(&scene.b.netns, *port)) {
+    while POD_PORTS.iter().any(|port| listening(&scene.b.netns, *port)) {
         assert!(since.elapsed() < Duration::from_secs(1), "B's listeners still open 1 s after DelWorkload");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(listening(&scene.a.netns, 15008), "A's proxy is untouched");
+    assert!(listening(&scene.a.netns, ports::HBONE), "A's proxy is untouched");
 }
 
 #[test]
 fn a_restarted_proxy_gets_the_pods_back_from_the_snapshot() {
     let mut scene = scene();
     scene.proxy.stop();
-    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, 15008)).then_some(()));
+    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, ports::HBONE)).then_some(()));
     let app = scene.b_listener();
     scene.proxy = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
     let ready = Instant::now();
@@ -232,7 +238,7 @@ fn a_restarted_proxy_gets_the_pods_back_from_the_snapshot() {
     let took = ready.elapsed();
     assert!(took < Duration::from_secs(1), "a new connection worked only {took:?} after the proxy was ready");
     for pod in [&scene.a, &scene.b] {
-        assert!(listening(&pod.netns, 15008), "listeners are back by the time the new proxy is ready");
+        assert!(listening(&pod.netns, ports::HBONE), "listeners are back by the time the new proxy is ready");
     }
     let peer = transfer(&scene, 1024 * 1024, false);
     assert_eq!(peer.ip(), IpAddr::from(scene.a.ip), "B's app sees A's IP after the restart");

@@ -19,6 +19,8 @@ use bytes::Bytes;
 use hbone::MeshCa;
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use istio_contract::ports;
+use istio_contract::proxy::PROXY_MARK;
 use netns::Netns;
 use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
 use rcgen::{
@@ -29,16 +31,13 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use tests::mesh::plain_pod;
-use tests::node_agent::ambient_conflist;
-use tests::wait::eventually;
-use tests::Pod;
+use testbed::mesh::plain_pod;
+use testbed::node_agent::ambient_conflist;
+use testbed::wait::eventually;
+use testbed::Pod;
 
 mod support;
 use support::{APP_PORT, NS, TD};
-
-/// The mark the proxy puts on its sockets; the in-pod rules let such traffic through uncaptured.
-const PROXY_MARK: u32 = 0x539;
 
 /// The shared scene with a mesh CA the test made (`CA_DIR`), so it can sign client certificates of its own.
 struct Scene {
@@ -191,7 +190,7 @@ async fn connect_with(
         .with_client_auth_cert(chain, key)
         .expect("client config");
     config.alpn_protocols = vec![b"h2".to_vec()];
-    let (netns, dst) = (scene.base.a.netns.path(), SocketAddr::from((b.ip, 15008)));
+    let (netns, dst) = (scene.base.a.netns.path(), SocketAddr::from((b.ip, ports::HBONE)));
     let tcp = tokio::task::spawn_blocking(move || dial(&netns, dst, true))
         .await
         .expect("dial thread")
@@ -289,7 +288,7 @@ fn plaintext_to_b_15008_never_reaches_b_app() {
     // C is outside the mesh: its connections are not captured, so they reach B's 15008 as sent.
     cluster.create(&plain_pod(NS, "c"));
     let c: Pod = cluster.node.try_add_pod_with(ambient_conflist(cluster), "c", NS).expect("ADD of c");
-    let b_hbone = SocketAddr::from((scene.base.b.ip, 15008));
+    let b_hbone = SocketAddr::from((scene.base.b.ip, ports::HBONE));
     let b_app = SocketAddr::from((scene.base.b.ip, APP_PORT));
 
     // The HTTP/2 preface and an empty SETTINGS frame, raw: the answer is a TLS alert or nothing, never HTTP/2.

@@ -4,10 +4,11 @@
 use std::net::SocketAddr;
 
 use http::{Method, StatusCode, Uri};
+use istio_contract::ports;
 
 /// Targets that would loop traffic back into the proxy itself: outbound capture, inbound plaintext
 /// capture and HBONE.
-pub const ILLEGAL_TARGET_PORTS: [u16; 3] = [15001, 15006, 15008];
+pub const ILLEGAL_TARGET_PORTS: [u16; 3] = [ports::OUTBOUND, ports::INBOUND_PLAINTEXT, ports::HBONE];
 
 /// Checks a CONNECT request's method and target against the HBONE rules, returning the target or the status
 /// to refuse with: only CONNECT (else 400), to an `ip:port` authority (else 400) whose IP is the one the client
@@ -31,29 +32,33 @@ pub fn check_connect(method: &Method, uri: &Uri, local: SocketAddr) -> Result<So
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
+    /// Checks a request to a server whose client dialled `local` on the HBONE port.
     fn check(method: Method, uri: &str, local: &str) -> Result<SocketAddr, StatusCode> {
-        check_connect(&method, &uri.parse().unwrap(), local.parse().unwrap())
+        let local = SocketAddr::new(local.parse::<IpAddr>().unwrap(), ports::HBONE);
+        check_connect(&method, &uri.parse().unwrap(), local)
     }
 
     #[test]
     fn connect_to_the_dialled_ip_is_accepted_in_canonical_form() {
-        assert_eq!(check(Method::CONNECT, "10.0.0.5:8080", "10.0.0.5:15008"), Ok("10.0.0.5:8080".parse().unwrap()));
-        assert_eq!(check(Method::CONNECT, "[fd00::5]:80", "[fd00::5]:15008"), Ok("[fd00::5]:80".parse().unwrap()));
-        let mapped = check(Method::CONNECT, "[::ffff:10.0.0.5]:80", "10.0.0.5:15008");
+        assert_eq!(check(Method::CONNECT, "10.0.0.5:8080", "10.0.0.5"), Ok("10.0.0.5:8080".parse().unwrap()));
+        assert_eq!(check(Method::CONNECT, "[fd00::5]:80", "fd00::5"), Ok("[fd00::5]:80".parse().unwrap()));
+        let mapped = check(Method::CONNECT, "[::ffff:10.0.0.5]:80", "10.0.0.5");
         assert_eq!(mapped, Ok("10.0.0.5:80".parse().unwrap()));
     }
 
     #[test]
     fn other_methods_ips_names_and_proxy_ports_are_refused() {
-        assert_eq!(check(Method::GET, "10.0.0.5:8080", "10.0.0.5:15008"), Err(StatusCode::BAD_REQUEST));
-        assert_eq!(check(Method::CONNECT, "10.0.0.6:8080", "10.0.0.5:15008"), Err(StatusCode::BAD_REQUEST));
-        assert_eq!(check(Method::CONNECT, "web.shop:8080", "10.0.0.5:15008"), Err(StatusCode::BAD_REQUEST));
-        assert_eq!(check(Method::CONNECT, "http://10.0.0.5/", "10.0.0.5:15008"), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(check(Method::GET, "10.0.0.5:8080", "10.0.0.5"), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(check(Method::CONNECT, "10.0.0.6:8080", "10.0.0.5"), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(check(Method::CONNECT, "web.shop:8080", "10.0.0.5"), Err(StatusCode::BAD_REQUEST));
+        assert_eq!(check(Method::CONNECT, "http://10.0.0.5/", "10.0.0.5"), Err(StatusCode::BAD_REQUEST));
         for port in ILLEGAL_TARGET_PORTS {
             let target = format!("10.0.0.5:{port}");
-            assert_eq!(check(Method::CONNECT, &target, "10.0.0.5:15008"), Err(StatusCode::SERVICE_UNAVAILABLE));
+            assert_eq!(check(Method::CONNECT, &target, "10.0.0.5"), Err(StatusCode::SERVICE_UNAVAILABLE));
         }
     }
 }

@@ -8,7 +8,9 @@ use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::pool::StreamSlot;
+/// Whatever must live exactly as long as one tunnel, such as a pooled client stream's reservation on its
+/// connection (dropping the tunnel gives the slot back). Opaque here, so this module depends on no user of it.
+pub(crate) type StreamGuard = Box<dyn Send + Sync>;
 
 /// The tunnel's byte stream. Shutting down the write side sends END_STREAM; the peer's END_STREAM reads as
 /// EOF, so half-close works both ways. Dropping it without a shutdown resets the stream.
@@ -17,7 +19,7 @@ pub struct H2Stream {
     recv: RecvStream,
     pending: Bytes,
     write_closed: bool,
-    _slot: Option<StreamSlot>,
+    _guard: Option<StreamGuard>,
 }
 
 impl std::fmt::Debug for H2Stream {
@@ -27,8 +29,8 @@ impl std::fmt::Debug for H2Stream {
 }
 
 impl H2Stream {
-    pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, slot: Option<StreamSlot>) -> Self {
-        H2Stream { send, recv, pending: Bytes::new(), write_closed: false, _slot: slot }
+    pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, guard: Option<StreamGuard>) -> Self {
+        H2Stream { send, recv, pending: Bytes::new(), write_closed: false, _guard: guard }
     }
 }
 

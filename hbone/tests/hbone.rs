@@ -12,6 +12,7 @@ use hbone::{
     PoolConfig, ServeOptions, ServerCerts, TlsError, Transfer, WorkloadCert,
 };
 use http::StatusCode;
+use istio_contract::ports;
 use ring::digest::{digest, SHA256};
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -342,7 +343,7 @@ async fn authority_ip_other_than_the_dialled_ip_gets_400() {
 
 #[tokio::test]
 async fn connect_to_proxy_ports_gets_503() {
-    for port in [15001, 15006, 15008] {
+    for port in [ports::OUTBOUND, ports::INBOUND_PLAINTEXT, ports::HBONE] {
         let status = within(connect_status(|ip, _| SocketAddr::new(ip, port))).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "port {port}");
     }

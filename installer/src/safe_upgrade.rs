@@ -5,10 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
+use istio_contract::names::CNI_DAEMONSET;
 use kube::{Api, Client};
 
-/// Name of the DaemonSet, fixed by the chart (the plugin's self-bypass depends on it too).
-use istio_contract::names::CNI_DAEMONSET;
 
 /// What the API says about our DaemonSet.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,6 +6,7 @@ mod config;
 mod enroll;
 mod event_server;
 mod metrics;
+mod node_pods;
 mod plugin_logs;
 mod plugin_socket;
 mod repair;
@@ -27,6 +28,7 @@ use crate::cache::PodCache;
 use crate::config::Config;
 use crate::enroll::Enroller;
 use crate::metrics::Metrics;
+use crate::node_pods::NodePods;
 
 fn main() {
     let config = Config::parse();
@@ -62,10 +64,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    if let Some(repair) = repair::start(client.clone(), &config, metrics.clone(), backend) {
+    // One watch of this node's pods feeds the repair controller and enrollment: both subscribe before it runs.
+    let mut pods = NodePods::new(client.clone(), &config.node_name);
+    if let Some(repair) = repair::start(client.clone(), &config, metrics.clone(), backend, &mut pods) {
         tokio::spawn(repair);
     }
-    let Some(backend) = backend.filter(|_| config.ambient_enabled) else {
+    let enrollment = config.ambient_enabled.then(|| pods.subscribe());
+    tokio::spawn(pods.run());
+    let (Some(backend), Some(pod_events)) = (backend.filter(|_| config.ambient_enabled), enrollment) else {
         // Sidecar-only installs run the agent for the repair controller alone: no ambient rules, host probe or
         // sockets.
         tracing::info!("ambient disabled: only the repair controller runs");
@@ -93,7 +99,15 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     // Caches first, then the pods enrolled before a restart, and only then the proxy and the plugin.
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(watch::run(client.clone(), config.clone(), selectors, enroller.clone(), metrics.clone(), synced_tx));
+    tokio::spawn(watch::run(
+        pod_events,
+        client.clone(),
+        config.clone(),
+        selectors,
+        enroller.clone(),
+        metrics.clone(),
+        synced_tx,
+    ));
     synced_rx.await.context("pod watcher ended before syncing")?;
 
     let zds_handle = zds.handle();

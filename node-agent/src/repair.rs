@@ -1,6 +1,6 @@
 //! Istio's race repair controller. A sidecar pod that started before the plugin was chained on its node has no
-//! redirect rules, and its `istio-validation` init container keeps exiting with 126. This watches the pods on
-//! this node and repairs each such broken pod once: in place (`REPAIR_REPAIR_PODS`: its netns gets the rules the
+//! redirect rules, and its `istio-validation` init container keeps exiting with 126. This follows the pods on
+//! this node (through the agent's one watch of them, [`crate::node_pods`]) and repairs each such broken pod once: in place (`REPAIR_REPAIR_PODS`: its netns gets the rules the
 //! plugin would have programmed), or by deleting (`REPAIR_DELETE_PODS`) or labelling (`REPAIR_LABEL_PODS`) it.
 
 mod broken;
@@ -8,17 +8,16 @@ mod in_place;
 
 use std::collections::HashSet;
 
-use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::Event;
 use kube::{Api, Client};
 use redirect::backend::Backend;
 use serde_json::json;
 
 use crate::config::{Config, RepairConfig};
 use crate::metrics::{Metrics, RepairType};
+use crate::node_pods::{NodePods, PodEvents};
 use broken::Criteria;
 use in_place::InPlace;
 
@@ -62,14 +61,16 @@ pub fn repairs_in_place(repair: &RepairConfig) -> bool {
     repair.enabled && repair.repair_pods
 }
 
-/// The controller's task: it watches the pods on this node and repairs the broken ones until the watch ends.
-/// `None` when the settings select no action. `backend` programs in-place repairs (see [`repairs_in_place`]).
-/// Failures are logged and retried on the pod's next update.
+/// The controller's task: it follows the pods on this node (subscribed to `pods`, the agent's one watch of them)
+/// and repairs the broken ones until the watch ends. `None`, without subscribing, when the settings select no
+/// action. `backend` programs in-place repairs (see [`repairs_in_place`]). Failures are logged and retried on the
+/// pod's next update.
 pub fn start(
     client: Client,
     config: &Config,
     metrics: Metrics,
     backend: Option<Backend>,
+    pods: &mut NodePods,
 ) -> Option<impl std::future::Future<Output = ()>> {
     let repair = &config.repair;
     let actions = Action::select(repair);
@@ -96,7 +97,7 @@ pub fn start(
         done: HashSet::new(),
         listed: HashSet::new(),
     };
-    Some(controller.watch(config.node_name.clone(), metrics))
+    Some(controller.follow(pods.subscribe(), metrics))
 }
 
 /// What one action did with a broken pod.
@@ -126,29 +127,23 @@ fn uid(pod: &Pod) -> String {
 }
 
 impl Controller {
-    async fn watch(mut self, node: String, metrics: Metrics) {
-        let pods = watcher::watcher(
-            Api::<Pod>::all(self.api.clone()),
-            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
-        )
-        .default_backoff();
-        let mut pods = std::pin::pin!(pods);
+    /// Handles the pod events in watch order until the watch ends (its errors are logged where it runs).
+    async fn follow(mut self, mut pods: PodEvents, metrics: Metrics) {
         while let Some(event) = pods.next().await {
-            match event {
-                Ok(Event::Init) => self.listed.clear(),
-                Ok(Event::InitApply(pod)) => {
-                    self.listed.insert(uid(&pod));
-                    self.seen(&pod, &metrics).await;
+            match &*event {
+                Event::Init => self.listed.clear(),
+                Event::InitApply(pod) => {
+                    self.listed.insert(uid(pod));
+                    self.seen(pod, &metrics).await;
                 }
-                Ok(Event::InitDone) => {
+                Event::InitDone => {
                     let listed = std::mem::take(&mut self.listed);
                     self.done.retain(|id| listed.contains(id));
                 }
-                Ok(Event::Apply(pod)) => self.seen(&pod, &metrics).await,
-                Ok(Event::Delete(pod)) => {
-                    self.done.remove(&uid(&pod));
+                Event::Apply(pod) => self.seen(pod, &metrics).await,
+                Event::Delete(pod) => {
+                    self.done.remove(&uid(pod));
                 }
-                Err(e) => tracing::warn!(error = %e, "repair watch error (the watcher retries)"),
             }
         }
     }

@@ -1,5 +1,6 @@
-//! Keeps enrollment in step with the API: pods on this node and all namespaces are watched, and each change
-//! re-decides the affected pods. Running pods are found through `/proc` (the CNI path handles new ones).
+//! Keeps enrollment in step with the API: the events of this node's shared pod watch ([`crate::node_pods`]) and
+//! a watch of all namespaces each re-decide the affected pods. Running pods are found through `/proc` (the CNI
+//! path handles new ones).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client};
@@ -17,20 +19,23 @@ use istio_contract::names::{AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED};
 
 use crate::enroll::Enroller;
 use crate::metrics::{EventType, Metrics};
+use crate::node_pods::{PodEvent, PodEvents};
 use istio_contract::enablement::{should_enroll, PodFacts, Selectors};
 
 /// Longest pause before a failed pod is retried.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 enum Change {
-    Pod(Box<watcher::Event<Pod>>),
+    Pod(PodEvent),
     Namespace(Box<watcher::Event<Namespace>>),
     Retry(String),
 }
 
-/// Watches and reconciles until the stream ends; `synced` fires once both caches are complete and the pods that
-/// were enrolled before a restart are back in the cache.
+/// Reconciles until the streams end; `synced` fires once both caches are complete and the pods that were
+/// enrolled before a restart are back in the cache. `pods` are this node's pod events, from the shared watch
+/// (see [`crate::node_pods::NodePods`]); namespaces are watched here.
 pub async fn run(
+    pods: PodEvents,
     client: Client,
     config: Config,
     selectors: Selectors,
@@ -38,14 +43,10 @@ pub async fn run(
     metrics: Metrics,
     synced: tokio::sync::oneshot::Sender<()>,
 ) {
-    let pods = watcher::watcher(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields(&format!("spec.nodeName={}", config.node_name)),
-    )
+    let store = pods.store();
+    let pods = pods.into_stream().map(|e| Ok(Change::Pod(e)));
     // Without a backoff a failing watch is retried at once, in a loop: an API outage would pin a core and
     // flood the log and the API server. kube's default: 0.8 s doubling to 30 s, reset by the next event.
-    .default_backoff()
-    .map(|e| e.map(|e| Change::Pod(Box::new(e))));
     let namespaces = watcher::watcher(Api::<Namespace>::all(client), watcher::Config::default())
         .default_backoff()
         .map(|e| e.map(|e| Change::Namespace(Box::new(e))));
@@ -58,7 +59,7 @@ pub async fn run(
         selectors,
         enroller,
         metrics,
-        pods: HashMap::new(),
+        pods: store,
         namespaces: HashMap::new(),
         backoff: HashMap::new(),
         retry_tx,
@@ -69,12 +70,12 @@ pub async fn run(
         let change = match change {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(error = %e, "watch error (the watcher retries)");
+                tracing::warn!(error = %e, "namespace watch error (the watcher retries)");
                 continue;
             }
         };
         match change {
-            Change::Pod(event) => match *event {
+            Change::Pod(event) => match &*event {
                 Event::InitDone => pods_synced = true,
                 Event::Init => {}
                 Event::Apply(p) | Event::InitApply(p) => state.pod_changed(p, synced.is_none()).await,
@@ -110,7 +111,8 @@ struct State {
     selectors: Selectors,
     enroller: Arc<Enroller>,
     metrics: Metrics,
-    pods: HashMap<String, Pod>,
+    /// This node's pods, shared with the watch (lookups only).
+    pods: Store<Pod>,
     namespaces: HashMap<String, BTreeMap<String, String>>,
     backoff: HashMap<String, Duration>,
     retry_tx: tokio::sync::mpsc::UnboundedSender<String>,
@@ -159,20 +161,19 @@ impl State {
             )
     }
 
-    async fn pod_changed(&mut self, pod: Pod, live: bool) {
+    /// A pod added or changed: reconciled with the event's own version (during a relist the store still holds the
+    /// previous list until it completes).
+    async fn pod_changed(&mut self, pod: &Pod, live: bool) {
         self.count("update");
-        let id = uid(&pod);
-        self.pods.insert(id.clone(), pod);
         if live {
-            self.reconcile(&id).await;
+            self.reconcile(pod).await;
         }
     }
 
-    async fn pod_deleted(&mut self, pod: Pod) {
+    async fn pod_deleted(&mut self, pod: &Pod) {
         self.count("delete");
-        self.pods.remove(&uid(&pod));
-        self.backoff.remove(&uid(&pod));
-        if let Err(e) = self.enroller.remove(&pod, true).await {
+        self.backoff.remove(&uid(pod));
+        if let Err(e) = self.enroller.remove(pod, true).await {
             tracing::warn!(error = %e, "removing deleted pod");
         }
     }
@@ -183,31 +184,28 @@ impl State {
         let labels = ns.metadata.labels.unwrap_or_default();
         let changed = self.namespaces.insert(name.clone(), labels.clone()).is_none_or(|old| old != labels);
         if live && changed {
-            let affected: Vec<String> = self
-                .pods
-                .values()
-                .filter(|p| p.metadata.namespace.as_deref() == Some(name.as_str()))
-                .map(uid)
-                .collect();
-            for id in affected {
-                self.reconcile(&id).await;
+            let affected = self.pods.state_filter(|p| p.metadata.namespace.as_deref() == Some(name.as_str()));
+            for pod in affected {
+                self.reconcile(&pod).await;
             }
         }
     }
 
+    /// A failed pod's turn again, if it is still on this node.
     async fn retry(&mut self, id: &str) {
-        if self.pods.contains_key(id) {
-            self.reconcile(id).await;
+        if let Some(pod) = self.pods.find(|p| uid(p) == id) {
+            self.reconcile(&pod).await;
         }
     }
 
     /// Enrolls or removes one pod so that the cache matches the decision.
-    async fn reconcile(&mut self, id: &str) {
-        let Some(pod) = self.pods.get(id).cloned() else { return };
+    async fn reconcile(&mut self, pod: &Pod) {
+        let id = uid(pod);
+        let id = id.as_str();
         let enrolled = self.enroller.cache().get(id).is_some();
-        let result = match (self.wanted(&pod), enrolled) {
-            (true, false) => self.enroll_running(&pod).await,
-            (false, true) => self.enroller.remove(&pod, terminal(&pod)).await.map_err(|e| e.to_string()),
+        let result = match (self.wanted(pod), enrolled) {
+            (true, false) => self.enroll_running(pod).await,
+            (false, true) => self.enroller.remove(pod, terminal(pod)).await.map_err(|e| e.to_string()),
             _ => Ok(()),
         };
         match result {
@@ -250,7 +248,7 @@ impl State {
 
     /// The netns of every pod in `pods`, found in one `/proc` scan (a scan per pod would read every process once
     /// per pod: quadratic on a busy node). Pods not found, or a failed scan, are simply absent.
-    async fn find_all_netns(&self, pods: &[Pod]) -> std::collections::HashMap<String, netns::Netns> {
+    async fn find_all_netns(&self, pods: &[Arc<Pod>]) -> HashMap<String, netns::Netns> {
         let proc_dir = self.config.host_proc.clone();
         let asked: Vec<(String, Vec<IpAddr>)> = pods.iter().map(|p| (uid(p), pod_ips(p))).collect();
         let scan = tokio::task::spawn_blocking(move || {
@@ -274,15 +272,10 @@ impl State {
     /// their rules re-programmed when `AMBIENT_RECONCILE_POD_RULES_ON_STARTUP` asks for it; then every pod is
     /// reconciled once.
     async fn startup(&mut self) {
-        let annotated: Vec<Pod> = self
-            .pods
-            .values()
-            .filter(|p| {
-                p.metadata.annotations.as_ref().and_then(|a| a.get(AMBIENT_REDIRECTION)).map(String::as_str)
-                    == Some(AMBIENT_REDIRECTION_ENABLED)
-            })
-            .cloned()
-            .collect();
+        let annotated = self.pods.state_filter(|p| {
+            p.metadata.annotations.as_ref().and_then(|a| a.get(AMBIENT_REDIRECTION)).map(String::as_str)
+                == Some(AMBIENT_REDIRECTION_ENABLED)
+        });
         let mut found = self.find_all_netns(&annotated).await;
         for pod in annotated {
             let ips = pod_ips(&pod);
@@ -295,9 +288,8 @@ impl State {
                 tracing::warn!(pod = %uid(&pod), error = %e, "restoring enrolled pod");
             }
         }
-        let all: Vec<String> = self.pods.keys().cloned().collect();
-        for id in all {
-            self.reconcile(&id).await;
+        for pod in self.pods.state() {
+            self.reconcile(&pod).await;
         }
         tracing::info!(enrolled = self.enroller.cache().count(), "caches synced");
     }

@@ -5,18 +5,18 @@
 //! [`build`] reproduces the rule order of Istio's generator exactly: the goldens pin it and, in iptables,
 //! order is semantics.
 
-pub(crate) mod restore;
-pub(crate) mod routes;
-
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
+use istio_contract::ports;
+use istio_contract::proxy::PROXY_MARK;
 use netns::Netns;
 
-use crate::apply::{ApplyError, IptablesBackend};
+use crate::iptables::{self, IptablesBackend, IptablesError};
 use crate::model::{Family, Match, Protocol, RedirectSpelling, Rule, RuleSet, Table, Target};
 use crate::nft::layout::NftLayout;
 use crate::nft::{self, NftError};
+use crate::routing::{self, FwmarkRule};
 
 /// Istio-owned chains of the in-pod rules (in mangle, nat and raw).
 pub mod chains {
@@ -26,8 +26,6 @@ pub mod chains {
     pub const OUTPUT: &str = "ISTIO_OUTPUT";
 }
 
-/// Mark ztunnel puts on its own packets (1337); they are never redirected.
-pub const PROXY_MARK: u32 = 0x539;
 /// Mask of the marks shared with ztunnel.
 pub const MARK_MASK: u32 = 0xfff;
 /// Connection mark of connections ztunnel's packets created; their replies are routed to it via table 100.
@@ -36,14 +34,6 @@ pub const CONNMARK: u32 = 0x111;
 pub const ROUTE_TABLE: u32 = 100;
 /// Priority of the `fwmark 0x111/0xfff lookup 100` rule, as Istio installs it.
 pub const RULE_PRIORITY: u32 = 32764;
-/// ztunnel's outbound capture port.
-pub const OUTBOUND_PORT: u16 = 15001;
-/// ztunnel's inbound plaintext port.
-pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
-/// HBONE port; never redirected.
-pub const HBONE_PORT: u16 = 15008;
-/// ztunnel's DNS proxy port.
-pub const DNS_PORT: u16 = 15053;
 /// Conntrack zone that keeps DNS to and from the proxy apart from the pod's own DNS flows.
 pub const DNS_CT_ZONE: u16 = 1;
 /// Default source address the host rewrites kubelet probes to (and pods accept unredirected).
@@ -101,6 +91,13 @@ pub struct ConnmarkRoutes {
 impl Default for ConnmarkRoutes {
     fn default() -> Self {
         Self { mark: CONNMARK, mask: MARK_MASK, table: ROUTE_TABLE, priority: RULE_PRIORITY }
+    }
+}
+
+impl ConnmarkRoutes {
+    /// The routing rule as the routing step takes it.
+    fn fwmark_rule(self) -> FwmarkRule {
+        FwmarkRule { mark: self.mark, mask: Some(self.mask), priority: Some(self.priority), table: self.table }
     }
 }
 
@@ -164,7 +161,7 @@ fn family_rules(cfg: &InpodConfig, family: Family, probe_src: IpAddr, loopback: 
     // Virtual interfaces: their inbound TCP goes to the outbound port, and skips the rest of the chain.
     for iface in &cfg.virtual_interfaces {
         let m = || vec![Match::InInterface(iface.clone()), Match::Protocol(Tcp)];
-        r.push((Table::Nat, Rule::append(PRERT, m(), redirect(OUTBOUND_PORT, ToPorts))));
+        r.push((Table::Nat, Rule::append(PRERT, m(), redirect(ports::OUTBOUND, ToPorts))));
         r.push((Table::Nat, Rule::append(PRERT, m(), Target::Return)));
     }
 
@@ -188,10 +185,10 @@ fn family_rules(cfg: &InpodConfig, family: Family, probe_src: IpAddr, loopback: 
         let m = vec![
             not_lo(),
             Match::Protocol(Tcp),
-            Match::DestPort { port: HBONE_PORT, negate: true },
+            Match::DestPort { port: ports::HBONE, negate: true },
             mark(PROXY_MARK, true),
         ];
-        r.push((Table::Nat, Rule::append(PRERT, m, redirect(INBOUND_PLAINTEXT_PORT, ToPorts))));
+        r.push((Table::Nat, Rule::append(PRERT, m, redirect(ports::INBOUND_PLAINTEXT, ToPorts))));
     }
 
     // Packets of connmarked connections get the mark back, so they route via table 100.
@@ -205,10 +202,10 @@ fn family_rules(cfg: &InpodConfig, family: Family, probe_src: IpAddr, loopback: 
         let mut m = vec![Match::NotOutInterface("lo".into())];
         m.extend(udp53(true));
         m.push(Match::DestPort { port: 53, negate: false });
-        r.push((Table::Nat, Rule::append(OUTPUT, m, redirect(DNS_PORT, ToPort))));
+        r.push((Table::Nat, Rule::append(OUTPUT, m, redirect(ports::DNS, ToPort))));
         let m =
             vec![not_lo(), Match::Protocol(Tcp), Match::DestPort { port: 53, negate: false }, mark(PROXY_MARK, true)];
-        r.push((Table::Nat, Rule::append(OUTPUT, m, redirect(DNS_PORT, ToPorts))));
+        r.push((Table::Nat, Rule::append(OUTPUT, m, redirect(ports::DNS, ToPorts))));
 
         let mut m = udp53(false);
         m.push(Match::DestPort { port: 53, negate: false });
@@ -224,7 +221,7 @@ fn family_rules(cfg: &InpodConfig, family: Family, probe_src: IpAddr, loopback: 
 
     // Everything else the pod sends over TCP goes to the outbound port.
     let m = vec![not_lo(), Match::Protocol(Tcp), mark(PROXY_MARK, true)];
-    r.push((Table::Nat, Rule::append(OUTPUT, m, redirect(OUTBOUND_PORT, ToPorts))));
+    r.push((Table::Nat, Rule::append(OUTPUT, m, redirect(ports::OUTBOUND, ToPorts))));
 
     RuleSet::from_rules(family, r)
 }
@@ -238,7 +235,7 @@ const OWNED: [(Table, &[&str]); 3] = [
 
 /// Programs `plan` into `netns` with iptables: per family one `iptables-restore --noflush` that replaces our
 /// chains (and only them) atomically, then the connmark routing. Re-applying is idempotent.
-pub fn apply_iptables(netns: &Netns, plan: &AmbientPlan, backend: IptablesBackend) -> Result<(), ApplyError> {
+pub fn apply_iptables(netns: &Netns, plan: &AmbientPlan, backend: IptablesBackend) -> Result<(), IptablesError> {
     netns.run(|| {
         for family in [Family::V4, Family::V6] {
             let rules = match family {
@@ -246,19 +243,19 @@ pub fn apply_iptables(netns: &Netns, plan: &AmbientPlan, backend: IptablesBacken
                 Family::V6 => plan.v6.as_ref(),
             };
             // A family the plan lacks is cleaned, so turning IPv6 off removes stale IPv6 rules.
-            restore::program(backend, family, rules, &OWNED)?;
+            iptables::chains::program(backend, family, rules, &OWNED)?;
         }
-        routes::program(plan.routes, &plan.families(), true)
+        Ok(routing::program_fwmark(plan.routes.fwmark_rule(), &plan.families(), true)?)
     })?
 }
 
 /// Removes our chains, the jumps into them and the connmark routing from `netns` (iptables, both families).
-pub fn remove_iptables(netns: &Netns, backend: IptablesBackend) -> Result<(), ApplyError> {
+pub fn remove_iptables(netns: &Netns, backend: IptablesBackend) -> Result<(), IptablesError> {
     netns.run(|| {
         for family in [Family::V4, Family::V6] {
-            restore::program(backend, family, None, &OWNED)?;
+            iptables::chains::program(backend, family, None, &OWNED)?;
         }
-        routes::program(ConnmarkRoutes::default(), &[Family::V4, Family::V6], false)
+        Ok(routing::program_fwmark(ConnmarkRoutes::default().fwmark_rule(), &[Family::V4, Family::V6], false)?)
     })?
 }
 
@@ -283,13 +280,14 @@ pub fn nft_layout(plan: &AmbientPlan) -> Result<NftLayout, NftError> {
 pub fn apply_nftables(netns: &Netns, plan: &AmbientPlan) -> Result<(), NftError> {
     let layout = nft_layout(plan)?;
     nft::replace_tables(netns, NFT_PREFIX, &layout)?;
-    netns.run(|| routes::program(plan.routes, &plan.families(), true))??;
+    netns.run(|| routing::program_fwmark(plan.routes.fwmark_rule(), &plan.families(), true))??;
     Ok(())
 }
 
 /// Deletes the `istio-ambient-*` tables and the connmark routing from `netns`.
 pub fn remove_nftables(netns: &Netns) -> Result<(), NftError> {
     nft::replace_tables(netns, NFT_PREFIX, &NftLayout { tables: Vec::new() })?;
-    netns.run(|| routes::program(ConnmarkRoutes::default(), &[Family::V4, Family::V6], false))??;
+    let routes = ConnmarkRoutes::default().fwmark_rule();
+    netns.run(|| routing::program_fwmark(routes, &[Family::V4, Family::V6], false))??;
     Ok(())
 }

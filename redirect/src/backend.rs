@@ -7,7 +7,7 @@ use std::fmt;
 use netns::Netns;
 
 use crate::ambient::{self, AmbientPlan};
-use crate::apply::{self, ApplyError, IptablesBackend};
+use crate::iptables::{self, IptablesBackend, IptablesError};
 use crate::nft::{self, NftError};
 use crate::sidecar::Plan;
 
@@ -25,7 +25,7 @@ pub enum Backend {
 pub enum BackendError {
     /// The iptables backend failed.
     #[error(transparent)]
-    Iptables(#[from] ApplyError),
+    Iptables(#[from] IptablesError),
     /// The nftables backend failed.
     #[error(transparent)]
     Nftables(#[from] NftError),
@@ -43,17 +43,17 @@ impl fmt::Display for Backend {
 
 impl Backend {
     /// `native_nftables` selects nftables; otherwise iptables with `force` (`FORCE_IPTABLES_BINARY`) or detection.
-    pub fn select(native_nftables: bool, force: Option<&str>) -> Result<Backend, ApplyError> {
+    pub fn select(native_nftables: bool, force: Option<&str>) -> Result<Backend, IptablesError> {
         if native_nftables {
             return Ok(Backend::Nftables);
         }
-        apply::detect_backend(force).map(Backend::Iptables)
+        iptables::detect_backend(force).map(Backend::Iptables)
     }
 
     /// Programs `plan` into `netns` atomically (per family for iptables, one transaction for nftables).
     pub fn apply(self, netns: &Netns, plan: &Plan) -> Result<(), BackendError> {
         match self {
-            Backend::Iptables(b) => Ok(apply::apply(netns, plan, b)?),
+            Backend::Iptables(b) => Ok(iptables::apply(netns, plan, b)?),
             Backend::Nftables => Ok(nft::apply(netns, plan)?),
         }
     }
@@ -90,7 +90,7 @@ impl Backend {
     /// Removes everything this backend programs from `netns`.
     pub fn remove(self, netns: &Netns) -> Result<(), BackendError> {
         match self {
-            Backend::Iptables(b) => Ok(apply::remove(netns, b)?),
+            Backend::Iptables(b) => Ok(iptables::remove(netns, b)?),
             Backend::Nftables => Ok(nft::remove(netns)?),
         }
     }

@@ -16,10 +16,9 @@ use netns::{Netns, NetnsError};
 
 pub use ipset::IpsetError;
 
-use crate::ambient::restore;
 use crate::ambient::{PROBE_SNAT_V4, PROBE_SNAT_V6};
-use crate::apply::ApplyError;
 use crate::backend::Backend;
+use crate::iptables::{chains, IptablesError};
 use crate::model::{Family, Match, Protocol, Rule, RuleSet, Table, Target};
 use crate::nft::layout::{BaseChain, Hook, NftChain};
 use crate::nft::set::{self, AddrSet, Element};
@@ -146,7 +145,7 @@ pub enum HostProbeError {
     Netns(#[from] NetnsError),
     /// Programming the iptables rule failed.
     #[error("host probe iptables rule: {0}")]
-    Iptables(#[from] ApplyError),
+    Iptables(#[from] IptablesError),
     /// An ipset request failed.
     #[error("host probe set: {0}")]
     Ipset(#[from] IpsetError),
@@ -184,7 +183,7 @@ impl HostProbe {
                 Backend::Iptables(b) => {
                     for &family in &families {
                         ipset::create(&set_name(family), family)?;
-                        restore::program(b, family, Some(&iptables_rules(&cfg, family)), &[(Table::Nat, &[CHAIN])])?;
+                        chains::program(b, family, Some(&iptables_rules(&cfg, family)), &[(Table::Nat, &[CHAIN])])?;
                     }
                 }
                 Backend::Nftables => {
@@ -206,13 +205,13 @@ impl HostProbe {
             match backend {
                 Backend::Iptables(b) => {
                     for &family in &families {
-                        restore::program(b, family, None, &[(Table::Nat, &[CHAIN])])?;
+                        chains::program(b, family, None, &[(Table::Nat, &[CHAIN])])?;
                         ipset::destroy(&set_name(family))?;
                     }
                 }
                 Backend::Nftables => {
                     let empty = crate::nft::layout::NftLayout { tables: Vec::new() };
-                    crate::nft::replace_tables(&Netns::current()?, "istio-ambient", &empty)?;
+                    crate::nft::replace_tables(&Netns::current()?, crate::ambient::NFT_PREFIX, &empty)?;
                 }
             }
             Ok(())

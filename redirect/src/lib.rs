@@ -1,16 +1,17 @@
 //! Redirect rules for Istio's data plane: a typed rule model ([`model`]), the sidecar rule generator
-//! ([`sidecar`]), the iptables-restore renderer ([`iptables`]), the step that programs a pod netns with iptables
-//! ([`apply`]) and the native nftables backend ([`nft`]); Istio's ambient in-pod rules ([`ambient`]) and the
-//! host-netns probe SNAT ([`hostprobe`]).
+//! ([`sidecar`]) and Istio's ambient in-pod rules ([`ambient`]); two backends that program them into a pod's
+//! netns, `iptables-restore` ([`iptables`]) and native nftables over netlink ([`nft`]), both followed by the
+//! plan's policy routing ([`routing`]); the choice between them ([`backend`]); and the host-netns probe SNAT
+//! ([`hostprobe`]).
+//!
+//! Layering, lowest first (no module imports one above it): `model`; `sidecar`; `routing`; `iptables` and
+//! `nft`; `ambient`; `backend`; `hostprobe`.
 
 pub mod ambient;
-pub mod apply;
 pub mod backend;
 pub mod hostprobe;
 pub mod iptables;
 pub mod model;
 pub mod nft;
+pub mod routing;
 pub mod sidecar;
-
-mod routing;
-mod xtables;

@@ -3,7 +3,7 @@
 //! Matches and targets are semantic (not raw argument strings) so the same [`RuleSet`] can be rendered as
 //! iptables-restore text today and translated to nftables over netlink later.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::IpNet;
 
@@ -387,4 +387,41 @@ fn declared_chains(rules: &[Rule]) -> Vec<String> {
         }
     }
     chains
+}
+
+/// Formats a CIDR the way users (and Istio's goldens) write it: address as given, then the prefix length.
+pub fn format_net(net: &IpNet) -> String {
+    format!("{}/{}", format_addr(&net.addr()), net.prefix_len())
+}
+
+/// Formats an address; IPv4-compatible IPv6 addresses keep their dotted tail (`::127.0.0.53`), as written in
+/// resolv.conf and Istio's goldens, where Rust's formatter would print `::7f00:35`.
+pub fn format_addr(addr: &IpAddr) -> String {
+    match addr {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => format_v6(a),
+    }
+}
+
+fn format_v6(a: &Ipv6Addr) -> String {
+    let s = a.segments();
+    if s[..6].iter().all(|&x| x == 0) && s[6] != 0 {
+        let o = a.octets();
+        return format!("::{}.{}.{}.{}", o[12], o[13], o[14], o[15]);
+    }
+    a.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v4_compatible_v6_keeps_dotted_tail() {
+        assert_eq!(format_addr(&"::127.0.0.53".parse().unwrap()), "::127.0.0.53");
+        assert_eq!(format_addr(&"::6".parse().unwrap()), "::6");
+        assert_eq!(format_addr(&"::1".parse().unwrap()), "::1");
+        assert_eq!(format_net(&"2001:db8::/32".parse().unwrap()), "2001:db8::/32");
+        assert_eq!(format_net(&"127.0.0.1/8".parse().unwrap()), "127.0.0.1/8");
+    }
 }

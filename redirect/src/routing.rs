@@ -1,20 +1,45 @@
-//! Policy routing over rtnetlink, shared by the sidecar TPROXY step and the ambient connmark step: an rtnetlink
-//! handle of the calling thread's netns, and idempotent `ip rule fwmark … lookup …` / `ip route add local default
-//! dev lo table …`.
+//! Policy routing over rtnetlink, done by both backends after the rules: a sidecar plan's IPv6 passthrough source
+//! and TPROXY routing ([`program_sidecar`]), and an ambient pod's connmark routing ([`program_fwmark`]). All of it
+//! is idempotent `ip rule fwmark … lookup …` / `ip route add local default dev lo table …` / `ip addr add`, on an
+//! rtnetlink handle of the calling thread's netns.
 
 use std::future::Future;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt as _;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use rtnetlink::packet_route::route::{RouteMessage, RouteScope, RouteType};
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
-use crate::apply::ApplyError;
 use crate::model::Family;
+use crate::sidecar::{Plan, TproxyRoutes, PASSTHROUGH_SRC_V6};
+
+/// Failures of the policy-routing step; both backends wrap it.
+#[derive(Debug, thiserror::Error)]
+pub enum RoutingError {
+    /// A netlink request failed.
+    #[error("{what} ({family}): {source}")]
+    Netlink {
+        /// The operation, e.g. `ip rule add fwmark 1337 lookup 133`.
+        what: String,
+        /// Address family.
+        family: Family,
+        /// Error from rtnetlink.
+        source: rtnetlink::Error,
+    },
+    /// The netlink socket or its runtime could not be set up.
+    #[error("{what}: {source}")]
+    Setup {
+        /// What was being set up.
+        what: String,
+        /// Underlying I/O error.
+        source: std::io::Error,
+    },
+}
 
 /// The loopback device always has this ifindex in every netns (LOOPBACK_IFINDEX in the kernel).
-pub(crate) const LOOPBACK_IFINDEX: u32 = 1;
+const LOOPBACK_IFINDEX: u32 = 1;
 
 /// An `ip rule fwmark MARK[/MASK] [pref PRIORITY] lookup TABLE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,18 +56,18 @@ pub(crate) struct FwmarkRule {
 
 /// Runs `f` with an rtnetlink handle on a current-thread runtime on the calling thread, so the socket lives in
 /// this thread's netns.
-pub(crate) fn with_handle<T, F, Fut>(f: F) -> Result<T, ApplyError>
+fn with_handle<T, F, Fut>(f: F) -> Result<T, RoutingError>
 where
     F: FnOnce(Handle) -> Fut,
-    Fut: Future<Output = Result<T, ApplyError>>,
+    Fut: Future<Output = Result<T, RoutingError>>,
 {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .map_err(|source| ApplyError::Setup { what: "build netlink runtime".into(), source })?;
+        .map_err(|source| RoutingError::Setup { what: "build netlink runtime".into(), source })?;
     rt.block_on(async {
         let (conn, handle, _) = rtnetlink::new_connection()
-            .map_err(|source| ApplyError::Setup { what: "open rtnetlink socket".into(), source })?;
+            .map_err(|source| RoutingError::Setup { what: "open rtnetlink socket".into(), source })?;
         let conn = tokio::spawn(conn);
         let result = f(handle).await;
         conn.abort();
@@ -52,7 +77,7 @@ where
 
 /// Adds `rule` for `family` unless such a rule exists. Looked up first because without an explicit priority the
 /// kernel picks a new one each time, so EEXIST never fires.
-pub(crate) async fn ensure_rule(handle: &Handle, family: Family, rule: FwmarkRule) -> Result<(), rtnetlink::Error> {
+async fn ensure_rule(handle: &Handle, family: Family, rule: FwmarkRule) -> Result<(), rtnetlink::Error> {
     if !find_rules(handle, family, rule).await?.is_empty() {
         return Ok(());
     }
@@ -71,7 +96,7 @@ pub(crate) async fn ensure_rule(handle: &Handle, family: Family, rule: FwmarkRul
 }
 
 /// The rules of `family` that match `rule` (its mark and table, and its mask if it has one).
-pub(crate) async fn find_rules(
+async fn find_rules(
     handle: &Handle,
     family: Family,
     rule: FwmarkRule,
@@ -100,12 +125,12 @@ pub(crate) async fn find_rules(
 }
 
 /// `ip route add local default dev lo table <table>` for `family`; an existing route is fine.
-pub(crate) async fn ensure_local_default(handle: &Handle, family: Family, table: u32) -> Result<(), rtnetlink::Error> {
+async fn ensure_local_default(handle: &Handle, family: Family, table: u32) -> Result<(), rtnetlink::Error> {
     tolerate_exists(handle.route().add(local_default(family, table)).execute().await)
 }
 
 /// The `local default dev lo table <table>` route of `family`.
-pub(crate) fn local_default(family: Family, table: u32) -> RouteMessage {
+fn local_default(family: Family, table: u32) -> RouteMessage {
     fn finish<T>(builder: RouteMessageBuilder<T>, table: u32) -> RouteMessage {
         builder
             .output_interface(LOOPBACK_IFINDEX)
@@ -125,12 +150,113 @@ pub(crate) fn local_default(family: Family, table: u32) -> RouteMessage {
 }
 
 /// Treats the kernel's "already exists" as success (adding is idempotent).
-pub(crate) fn tolerate_exists(res: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
+fn tolerate_exists(res: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
     match res {
         Err(rtnetlink::Error::NetlinkError(msg))
             if msg.code.is_some_and(|c| {
                 std::io::Error::from_raw_os_error(-c.get()).kind() == std::io::ErrorKind::AlreadyExists
             }) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// The routing of a sidecar `plan` in the calling (netns) thread, on one current-thread runtime: the IPv6
+/// passthrough address when the plan has IPv6 rules, TPROXY routing when it has routes. No runtime if neither.
+pub(crate) fn program_sidecar(plan: &Plan) -> Result<(), RoutingError> {
+    if plan.v6.is_none() && plan.tproxy_routes.is_none() {
+        return Ok(());
+    }
+    with_handle(|handle| async move {
+        if plan.v6.is_some() {
+            add_passthrough_v6(&handle).await?;
+        }
+        if let Some(routes) = plan.tproxy_routes {
+            let families: &[Family] = if plan.v6.is_some() { &[Family::V4, Family::V6] } else { &[Family::V4] };
+            add_tproxy_routes(&handle, routes, families).await?;
+        }
+        Ok(())
+    })
+}
+
+/// `ip -6 addr add ::6/128 dev lo nodad`: Envoy binds inbound passthrough connections to `::6`, which is not
+/// local until added (unlike 127.0.0.6). nodad makes it usable at once; an existing address is fine. No scope is
+/// requested: the kernel derives an IPv6 address's scope from the address itself (global for `::6`).
+async fn add_passthrough_v6(handle: &Handle) -> Result<(), RoutingError> {
+    let mut req = handle.address().add(LOOPBACK_IFINDEX, IpAddr::V6(PASSTHROUGH_SRC_V6), 128);
+    let msg = req.message_mut();
+    msg.header.flags = AddressHeaderFlags::Nodad;
+    msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+    tolerate_exists(req.execute().await).map_err(|source| RoutingError::Netlink {
+        what: format!("ip -6 addr add {PASSTHROUGH_SRC_V6}/128 dev lo nodad"),
+        family: Family::V6,
+        source,
+    })
+}
+
+/// `ip rule add fwmark <mark> lookup <table>` and `ip route add local default dev lo table <table>` for each
+/// family. Existing entries are fine (idempotent).
+async fn add_tproxy_routes(handle: &Handle, routes: TproxyRoutes, families: &[Family]) -> Result<(), RoutingError> {
+    let rule = FwmarkRule { mark: routes.mark, mask: None, priority: None, table: routes.table };
+    for &family in families {
+        let err = |what: String| move |source| RoutingError::Netlink { what, family, source };
+        let rule_text = format!("ip rule add fwmark {} lookup {}", routes.mark, routes.table);
+        ensure_rule(handle, family, rule).await.map_err(err(rule_text))?;
+        let route_text = format!("ip route add local default dev lo table {}", routes.table);
+        ensure_local_default(handle, family, routes.table).await.map_err(err(route_text))?;
+    }
+    Ok(())
+}
+
+/// Adds (`add: true`) or deletes `ip rule fwmark MARK/MASK pref PRIORITY lookup TABLE` and `ip route local default
+/// dev lo table TABLE` for `families` in the calling thread's netns (an ambient pod's connmark routing). Adding
+/// what exists and deleting what is missing are both fine.
+pub(crate) fn program_fwmark(rule: FwmarkRule, families: &[Family], add: bool) -> Result<(), RoutingError> {
+    with_handle(|handle| async move {
+        for &family in families {
+            if add {
+                add_fwmark(&handle, rule, family).await?;
+            } else {
+                del_fwmark(&handle, rule, family).await?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `ip rule fwmark MARK[/MASK] [pref PRIORITY] lookup TABLE`, for error messages.
+fn rule_text(r: FwmarkRule) -> String {
+    let mask = r.mask.map(|m| format!("/{m:#x}")).unwrap_or_default();
+    let pref = r.priority.map(|p| format!(" pref {p}")).unwrap_or_default();
+    format!("ip rule fwmark {:#x}{mask}{pref} lookup {}", r.mark, r.table)
+}
+
+fn route_text(r: FwmarkRule) -> String {
+    format!("ip route local default dev lo table {}", r.table)
+}
+
+async fn add_fwmark(handle: &Handle, rule: FwmarkRule, family: Family) -> Result<(), RoutingError> {
+    let err = |what: String| move |source| RoutingError::Netlink { what: format!("add {what}"), family, source };
+    ensure_rule(handle, family, rule).await.map_err(err(rule_text(rule)))?;
+    ensure_local_default(handle, family, rule.table).await.map_err(err(route_text(rule)))
+}
+
+async fn del_fwmark(handle: &Handle, rule: FwmarkRule, family: Family) -> Result<(), RoutingError> {
+    let err = |what: String| move |source| RoutingError::Netlink { what: format!("delete {what}"), family, source };
+    for found in find_rules(handle, family, rule).await.map_err(err(rule_text(rule)))? {
+        tolerate_missing(handle.rule().del(found).execute().await).map_err(err(rule_text(rule)))?;
+    }
+    let res = handle.route().del(local_default(family, rule.table)).execute().await;
+    tolerate_missing(res).map_err(err(route_text(rule)))
+}
+
+/// Treats the kernel's "no such entry" as success (deleting is idempotent).
+fn tolerate_missing(res: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
+    match res {
+        Err(rtnetlink::Error::NetlinkError(msg))
+            if msg.code.is_some_and(|c| matches!(-c.get(), libc::ENOENT | libc::ESRCH)) =>
         {
             Ok(())
         }

@@ -5,10 +5,10 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 
 use istio_contract::ports;
-use istio_contract::proxy::TPROXY_TPROXY_OUTBOUND_MARK;
+use istio_contract::proxy::TPROXY_OUTBOUND_MARK;
 
 use crate::model::{CtState, Family, Match, OwnerId, Protocol, RedirectSpelling, Rule, RuleSet, Table, Target};
 

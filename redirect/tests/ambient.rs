@@ -4,11 +4,11 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
+use istio_contract::ports;
 use redirect::ambient::{self, build, AmbientPlan, InpodConfig};
-use redirect::apply::IptablesBackend;
 use redirect::backend::Backend;
 use redirect::hostprobe::{self, HostProbe, HostProbeConfig, ProbeEntry};
-use redirect::iptables::render;
+use redirect::iptables::{render, IptablesBackend};
 use redirect::model::Family;
 use support::{diff, TestNetns};
 
@@ -191,7 +191,8 @@ fn program_twice_and_remove(backend: Backend) {
 
     backend.apply_ambient(&t.ns, &plan).unwrap_or_else(|e| panic!("{backend}: apply: {e}"));
     let first = dump(&t, backend);
-    assert!(first.contains("15001") && first.contains("15006") && first.contains("15053"), "{backend}:\n{first}");
+    let redirected = [ports::OUTBOUND, ports::INBOUND_PLAINTEXT, ports::DNS].map(|p| p.to_string());
+    assert!(redirected.iter().all(|p| first.contains(p.as_str())), "{backend}:\n{first}");
     assert!(first.contains("FOREIGN") || first.contains("foreign"), "{backend}: foreign rules kept:\n{first}");
     let routes = routing(&t);
     assert_eq!(routes.matches("fwmark 0x111/0xfff lookup 100").count(), 2, "{backend}: v4+v6 rule:\n{routes}");
@@ -205,7 +206,7 @@ fn program_twice_and_remove(backend: Backend) {
     let small = build(&InpodConfig { dns_capture: false, ..Default::default() });
     backend.apply_ambient(&t.ns, &small).unwrap_or_else(|e| panic!("{backend}: apply small: {e}"));
     let shrunk = dump(&t, backend);
-    assert!(!shrunk.contains("15053") && !shrunk.contains("vif0"), "{backend}: stale rules:\n{shrunk}");
+    assert!(!shrunk.contains(&ports::DNS.to_string()) && !shrunk.contains("vif0"), "{backend}: stale rules:\n{shrunk}");
 
     backend.remove_ambient(&t.ns).unwrap_or_else(|e| panic!("{backend}: remove: {e}"));
     assert_eq!(before, dump(&t, backend), "{backend}: remove must leave exactly the foreign rules");

@@ -1,10 +1,11 @@
 //! Kernel tests for the apply step: real netns, real iptables binaries (nft and legacy), real policy routing.
 
+use istio_contract::ports;
 use netns::Netns;
-use redirect::apply::{apply, detect_backend, dump, remove, ApplyError, IptablesBackend};
+use redirect::iptables::{apply, detect_backend, dump, remove, IptablesBackend, IptablesError};
 use redirect::model::{Family, Match, OwnerId, Rule, Table, Target};
 use redirect::sidecar::{build, InterceptMode, Plan, SidecarConfig};
-use tests::NetnsGuard;
+use testbed::NetnsGuard;
 
 /// A fresh netns (removed on drop, also on panic) with an open handle for the apply step.
 struct TestNetns {
@@ -35,7 +36,8 @@ fn basic_plan_applies_and_reapplies(backend: IptablesBackend) {
     apply(&t.ns, &plan, backend).expect("first apply");
     let first = dump(&t.ns, backend, Family::V4).expect("dump");
     assert!(first.contains("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"), "{first}");
-    assert!(first.contains("-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001"), "{first}");
+    let redirect = format!("-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports {}", ports::OUTBOUND);
+    assert!(first.contains(&redirect), "{first}");
     assert!(first.contains("-A PREROUTING -p tcp -j ISTIO_INBOUND"), "{first}");
     let expected_rules = plan.v4.tables.iter().map(|t| t.rules.len()).sum::<usize>();
     assert_eq!(rule_lines(&first).len(), expected_rules, "{first}");
@@ -75,7 +77,7 @@ fn broken_payload_is_atomic(backend: IptablesBackend) {
     ));
     let err = apply(&t.ns, &broken, backend).expect_err("broken payload must fail");
     match &err {
-        ApplyError::Command { binary, family, stderr, .. } => {
+        IptablesError::Command { binary, family, stderr, .. } => {
             assert!(binary.ends_with("-restore"), "{err}");
             assert_eq!(*family, Family::V4);
             assert!(!stderr.is_empty(), "stderr must be carried: {err}");
@@ -113,11 +115,12 @@ fn tproxy_plan_programs_policy_routing_for_both_families() {
     apply(&t.ns, &plan, backend).expect("apply tproxy");
     apply(&t.ns, &plan, backend).expect("re-apply tproxy");
 
+    let (mark, table) = (cfg.tproxy_mark, cfg.tproxy_route_table.to_string());
     for (flag, family) in [("-4", Family::V4), ("-6", Family::V6)] {
         let rules = t.exec(&["ip", flag, "rule", "show"]);
-        let ours: Vec<&str> = rules.lines().filter(|l| l.contains("fwmark 0x539 lookup 133")).collect();
+        let ours: Vec<&str> = rules.lines().filter(|l| l.contains(&format!("fwmark {mark:#x} lookup {table}"))).collect();
         assert_eq!(ours.len(), 1, "{family}: exactly one fwmark rule expected:\n{rules}");
-        let routes = t.exec(&["ip", flag, "route", "show", "table", "133"]);
+        let routes = t.exec(&["ip", flag, "route", "show", "table", &table]);
         assert!(routes.contains("local default dev lo"), "{family}: {routes}");
         let save = dump(&t.ns, backend, family).expect("dump");
         assert!(save.contains("-j TPROXY"), "{family}: {save}");
@@ -159,7 +162,7 @@ fn forced_binary_wins_and_unknown_is_rejected() {
     assert_eq!(detect_backend(Some("iptables-legacy")).unwrap(), IptablesBackend::Legacy);
     assert_eq!(detect_backend(Some("iptables-nft")).unwrap(), IptablesBackend::Nft);
     let err = detect_backend(Some("iptables-foo")).unwrap_err();
-    assert!(matches!(err, ApplyError::UnknownForcedBinary(_)), "{err}");
+    assert!(matches!(err, IptablesError::UnknownForcedBinary(_)), "{err}");
 }
 
 #[test]

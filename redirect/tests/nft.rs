@@ -85,8 +85,8 @@ fn count_rules(rs: &BTreeMap<String, Vec<String>>) -> usize {
 #[test]
 fn programming_twice_changes_nothing() {
     let t = TestNetns::new();
-    let plan =
-        build(&SidecarConfig { enable_ipv6: true, mode: InterceptMode::Tproxy, ..SidecarConfig::cni_pod_defaults() });
+    let cfg = SidecarConfig { enable_ipv6: true, mode: InterceptMode::Tproxy, ..SidecarConfig::cni_pod_defaults() };
+    let plan = build(&cfg);
     apply(&t.ns, &plan).expect("first apply");
     let first = t.ruleset();
     let expected: usize = NftLayout::sidecar(&plan).expect("layout").tables.iter().map(|t| t.rules.len()).sum();
@@ -94,7 +94,8 @@ fn programming_twice_changes_nothing() {
     apply(&t.ns, &plan).expect("second apply");
     assert_eq!(first, t.ruleset(), "re-apply changed the ruleset:\n{}", t.text());
     let rules = t.guard.exec_ok(&["ip", "-4", "rule", "show"]);
-    assert_eq!(rules.matches("fwmark 0x539 lookup 133").count(), 1, "TPROXY routing once: {rules}");
+    let fwmark = format!("fwmark {:#x} lookup {}", cfg.tproxy_mark, cfg.tproxy_route_table);
+    assert_eq!(rules.matches(&fwmark).count(), 1, "TPROXY routing once: {rules}");
 }
 
 #[test]

@@ -9,15 +9,25 @@
 //! * [`transport`]: the seqpacket socket with fd passing, deadlines not included;
 //! * [`server`]: the agent side ([`ZdsServer`], [`ZdsHandle`]);
 //! * [`client`]: the proxy side ([`ZdsClient`]), also used by tests as a test peer.
+//!
+//! Everything but [`messages`] needs the default `runtime` feature (tokio and the socket); without it the crate is
+//! the messages alone, which is what the fuzz targets build.
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "runtime")]
 pub mod client;
+#[cfg(feature = "runtime")]
 mod error;
 pub mod messages;
+#[cfg(feature = "runtime")]
 pub mod server;
+#[cfg(feature = "runtime")]
 pub mod transport;
 
+#[cfg(feature = "runtime")]
 pub use client::ZdsClient;
+#[cfg(feature = "runtime")]
 pub use error::ZdsError;
+#[cfg(feature = "runtime")]
 pub use server::{PodSnapshotEntry, ServerConfig, SnapshotSource, ZdsHandle, ZdsServer};

@@ -2,14 +2,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use prometheus_client::registry::Registry;
 
-/// The reason a fresh [`ProbeState`] reports until the binary calls [`ProbeState::set_ready`].
-const STARTING: &str = "starting";
-
-/// What the probe server reports, shared between the binary (which changes it) and the server (which
+/// What the probe server reports, shared between the binary's components (which change it) and the server (which
 /// reads it per request). Cheap to clone: every clone sees the same state.
 ///
-/// It also carries the metrics registry, so one value is all a binary hands to [`serve`](super::serve)
-/// and all its components need to register metrics.
+/// Readiness is a set of named [`Blocker`]s: each component registers its own and clears it when its part is
+/// ready, and the process is ready while none blocks. A fresh state has none, so it is ready: register blockers
+/// before serving the probes (the shared main registers `startup` for the binary).
+///
+/// It also carries the metrics registry, so one value is all a binary hands to [`serve`](super::serve) and all its
+/// components need to register metrics.
 #[derive(Debug, Clone)]
 pub struct ProbeState {
     inner: Arc<Inner>,
@@ -17,44 +18,46 @@ pub struct ProbeState {
 
 #[derive(Debug)]
 struct Inner {
-    /// `None` when ready, otherwise why not.
-    not_ready: Mutex<Option<String>>,
+    /// Every blocker ever registered, in registration order (the order `/readyz` lists them in).
+    blockers: Mutex<Vec<Entry>>,
     registry: Arc<Mutex<Registry>>,
 }
 
+#[derive(Debug)]
+struct Entry {
+    name: &'static str,
+    /// Why it blocks; `None` once cleared.
+    reason: Option<String>,
+}
+
 impl ProbeState {
-    /// Creates the state around the binary's metrics `registry`. It starts not ready (reason
-    /// `"starting"`) so the kubelet does not route to the pod before the binary says so.
+    /// Creates the state around the binary's metrics `registry`, with no blockers.
     pub fn new(registry: Arc<Mutex<Registry>>) -> Self {
-        ProbeState { inner: Arc::new(Inner { not_ready: Mutex::new(Some(STARTING.to_owned())), registry }) }
+        ProbeState { inner: Arc::new(Inner { blockers: Mutex::default(), registry }) }
     }
 
-    /// Marks the process ready: `/readyz` answers 200 from now on.
-    pub fn set_ready(&self) {
-        if self.not_ready().take().is_some() {
-            tracing::info!("ready");
+    /// Registers the blocker `name`, blocking with `reason` until its owner clears it. Registering a name twice
+    /// returns a handle to the same blocker (and sets its reason).
+    pub fn blocker(&self, name: &'static str, reason: impl Into<String>) -> Blocker {
+        let blocker = Blocker { state: self.clone(), name };
+        {
+            let mut blockers = self.blockers();
+            if !blockers.iter().any(|entry| entry.name == name) {
+                blockers.push(Entry { name, reason: None });
+            }
         }
+        blocker.block(reason);
+        blocker
     }
 
-    /// Marks the process not ready: `/readyz` answers 503 with `reason` in the body, so whoever looks
-    /// at a failing probe sees why.
-    pub fn set_not_ready(&self, reason: impl Into<String>) {
-        let reason = reason.into();
-        let mut not_ready = self.not_ready();
-        if not_ready.as_deref() != Some(reason.as_str()) {
-            tracing::info!(%reason, "not ready");
-            *not_ready = Some(reason);
-        }
-    }
-
-    /// Whether `/readyz` currently answers 200.
+    /// Whether `/readyz` currently answers 200: no blocker blocks.
     pub fn is_ready(&self) -> bool {
-        self.not_ready().is_none()
+        self.blockers().iter().all(|entry| entry.reason.is_none())
     }
 
-    /// Why the process is not ready, or `None` when it is.
-    pub fn reason(&self) -> Option<String> {
-        self.not_ready().clone()
+    /// The blockers still blocking, as `(name, reason)` in registration order; empty when ready.
+    pub fn blocking(&self) -> Vec<(&'static str, String)> {
+        self.blockers().iter().filter_map(|entry| Some((entry.name, entry.reason.clone()?))).collect()
     }
 
     /// The registry `/metrics` encodes; register metrics here.
@@ -62,9 +65,69 @@ impl ProbeState {
         &self.inner.registry
     }
 
-    fn not_ready(&self) -> MutexGuard<'_, Option<String>> {
-        // The value is a plain Option, always consistent, so a panic elsewhere cannot corrupt it.
-        self.inner.not_ready.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Runs `f` on the registry (to register metrics, or to encode them).
+    pub fn with_registry<T>(&self, f: impl FnOnce(&mut Registry) -> T) -> T {
+        // Registering and encoding leave the registry consistent at every step, so a panic elsewhere cannot
+        // have corrupted it.
+        f(&mut self.inner.registry.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn blockers(&self) -> MutexGuard<'_, Vec<Entry>> {
+        // Each entry is replaced whole, so a panic elsewhere cannot leave one half-written.
+        self.inner.blockers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sets the reason of `name` (`None` clears it); true if that changed anything.
+    fn set(&self, name: &'static str, reason: Option<String>) -> bool {
+        let mut blockers = self.blockers();
+        let Some(entry) = blockers.iter_mut().find(|entry| entry.name == name) else { return false };
+        if entry.reason == reason {
+            return false;
+        }
+        match &reason {
+            Some(reason) => tracing::info!(blocker = name, %reason, "not ready"),
+            None => tracing::info!(blocker = name, "cleared"),
+        }
+        entry.reason = reason;
+        if blockers.iter().all(|entry| entry.reason.is_none()) {
+            tracing::info!("ready");
+        }
+        true
+    }
+}
+
+/// One component's say in readiness: while it blocks, `/readyz` answers 503 and names it with its reason.
+/// Dropping it leaves it as it is (a component that died blocking keeps the process unready).
+#[derive(Debug, Clone)]
+pub struct Blocker {
+    state: ProbeState,
+    name: &'static str,
+}
+
+impl Blocker {
+    /// Blocks readiness with `reason` (or changes the reason); true if that changed anything.
+    pub fn block(&self, reason: impl Into<String>) -> bool {
+        self.state.set(self.name, Some(reason.into()))
+    }
+
+    /// Stops blocking; true if it was blocking.
+    pub fn clear(&self) -> bool {
+        self.state.set(self.name, None)
+    }
+
+    /// Whether it currently blocks.
+    pub fn is_blocking(&self) -> bool {
+        self.reason().is_some()
+    }
+
+    /// Why it blocks, or `None` when it does not.
+    pub fn reason(&self) -> Option<String> {
+        self.state.blockers().iter().find(|entry| entry.name == self.name).and_then(|entry| entry.reason.clone())
+    }
+
+    /// Its name, as `/readyz` lists it.
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 }
 
@@ -73,18 +136,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn starts_not_ready_and_follows_updates_across_clones() {
+    fn ready_only_once_every_blocker_clears_and_each_is_listed() {
         let state = ProbeState::new(Arc::default());
         let seen_by_server = state.clone();
-        assert!(!seen_by_server.is_ready());
-        assert_eq!(seen_by_server.reason().as_deref(), Some(STARTING));
+        assert!(seen_by_server.is_ready(), "no blockers: ready");
 
-        state.set_ready();
+        let config = state.blocker("cni-config", "waiting for a primary CNI config");
+        let watch = state.blocker("pod-watch", "listing pods");
+        assert!(!seen_by_server.is_ready());
+        assert_eq!(
+            seen_by_server.blocking(),
+            vec![
+                ("cni-config", "waiting for a primary CNI config".to_owned()),
+                ("pod-watch", "listing pods".to_owned())
+            ]
+        );
+
+        assert!(config.clear());
+        assert!(!config.clear(), "clearing twice changes nothing");
+        assert!(!seen_by_server.is_ready(), "one blocker still blocks");
+        assert_eq!(seen_by_server.blocking(), vec![("pod-watch", "listing pods".to_owned())]);
+
+        assert!(watch.clear());
         assert!(seen_by_server.is_ready());
-        assert_eq!(seen_by_server.reason(), None);
+        assert_eq!(seen_by_server.blocking(), vec![]);
 
-        state.set_not_ready("CNI config missing");
+        assert!(config.block("CNI config removed"));
+        assert!(!config.block("CNI config removed"), "same reason changes nothing");
+        assert_eq!(config.reason().as_deref(), Some("CNI config removed"));
         assert!(!seen_by_server.is_ready());
-        assert_eq!(seen_by_server.reason().as_deref(), Some("CNI config missing"));
+    }
+
+    #[test]
+    fn registering_a_name_again_shares_the_blocker() {
+        let state = ProbeState::new(Arc::default());
+        let first = state.blocker("startup", "starting");
+        let second = state.blocker("startup", "still starting");
+        assert_eq!(first.reason().as_deref(), Some("still starting"));
+        second.clear();
+        assert!(!first.is_blocking());
+        assert_eq!(state.blocking(), vec![]);
     }
 }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
-    /// Mutual TLS HTTP/2 CONNECT on port 15008.
+    /// Mutual TLS HTTP/2 CONNECT on Istio's HBONE port.
     Hbone,
     /// Plain TCP: not in the mesh.
     #[default]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tests::NetnsGuard;
+use testbed::NetnsGuard;
 
 /// How long tcpdump may take to start listening, and to exit after SIGINT.
 const DEADLINE: Duration = Duration::from_secs(10);

@@ -9,13 +9,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use istio_contract::ports;
 use serde_json::{json, Value};
-use tests::mesh::RuleBackend;
-use tests::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent};
-use tests::wait::eventually;
-use tests::{Cluster, NetnsGuard, Pod};
+use testbed::mesh::RuleBackend;
+use testbed::node_agent::{ambient_conflist, ambient_pod, namespace, uid, NodeAgent};
+use testbed::wait::eventually;
+use testbed::{Cluster, NetnsGuard, Pod};
 
-pub use tests::hbone_proxy::Proxy;
+pub use testbed::hbone_proxy::Proxy;
 
 /// Namespace of the scene's pods.
 pub const NS: &str = "shop";
@@ -23,8 +24,6 @@ pub const NS: &str = "shop";
 pub const TD: &str = "cluster.local";
 /// Port B's app listens on.
 pub const APP_PORT: u16 = 8080;
-/// Where the proxy serves `/config_dump`, on the node's loopback.
-pub const ADMIN_PORT: u16 = 15000;
 
 /// Which address families the scene's pods get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +36,12 @@ pub enum Stack {
 
 /// A GET from inside `netns` to 127.0.0.1:`port`: (status, body).
 pub fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
-    tests::http::get(netns, port, path).ok()
+    testbed::http::get(netns, port, path).ok()
 }
 
 /// The value on the line of the proxy's `/metrics` (in `netns`) that starts with `line_prefix`.
 pub fn metric(netns: &Path, line_prefix: &str) -> Option<f64> {
-    let (_, body) = http_get(netns, tests::hbone_proxy::METRICS_PORT, "/metrics")?;
+    let (_, body) = http_get(netns, testbed::hbone_proxy::METRICS_PORT, "/metrics")?;
     body.lines().find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
 }
 
@@ -61,7 +60,7 @@ pub fn workload(cluster: &Cluster, name: &str, sa: &str, ip: IpAddr, node: &str)
 
 /// The proxy's `/config_dump` (on the node's loopback), parsed.
 pub fn config_dump(scene: &Scene) -> Value {
-    let (status, body) = http_get(&scene.cluster.node.netns().path(), ADMIN_PORT, "/config_dump").expect("GET");
+    let (status, body) = http_get(&scene.cluster.node.netns().path(), ports::ADMIN, "/config_dump").expect("GET");
     assert_eq!(status, 200, "/config_dump answers: {body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("/config_dump is not JSON ({e}): {body}"))
 }

@@ -65,7 +65,7 @@ impl Conn {
 }
 
 /// A reserved stream on a pooled connection, given back when the tunnel is dropped.
-pub(crate) struct StreamSlot {
+pub(super) struct StreamSlot {
     pub(super) conn: Arc<Conn>,
 }
 

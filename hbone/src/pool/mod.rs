@@ -3,8 +3,6 @@
 
 mod conn;
 
-pub(crate) use conn::StreamSlot;
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,7 +22,7 @@ use crate::keepalive::Keepalive;
 use crate::settings;
 use crate::stream::H2Stream;
 use crate::tls::{MeshTls, TlsError};
-use conn::{Conn, Conns, Driver, PoolKey};
+use conn::{Conn, Conns, Driver, PoolKey, StreamSlot};
 
 /// Pool limits and timers.
 #[derive(Debug, Clone)]
@@ -72,7 +70,7 @@ pub struct ConnectRequest {
     pub src: Arc<WorkloadCert>,
     /// The original client address, sent as `forwarded`.
     pub src_addr: SocketAddr,
-    /// Where the destination's HBONE server listens (`ip:15008`).
+    /// Where the destination's HBONE server listens: its IP and port [`istio_contract::ports::HBONE`].
     pub dst: SocketAddr,
     /// The identity the destination must prove.
     pub dst_identity: Identity,
@@ -202,7 +200,7 @@ impl Pool {
         if response.status() != StatusCode::OK {
             return Err(ConnectError::Status { dst: req.dst, authority: req.authority, status: response.status() });
         }
-        Ok(H2Stream::new(body, response.into_body(), Some(slot)))
+        Ok(H2Stream::new(body, response.into_body(), Some(Box::new(slot))))
     }
 
     fn conns(&self) -> std::sync::MutexGuard<'_, Conns> {

@@ -2,7 +2,7 @@
 
 use netns::NetnsError;
 
-use crate::apply::ApplyError;
+use crate::routing::RoutingError;
 
 /// Failures of laying out, encoding or committing an nftables transaction.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +62,7 @@ pub enum NftError {
     },
     /// The rtnetlink step (IPv6 passthrough address, TPROXY policy routing) failed.
     #[error(transparent)]
-    Routing(#[from] ApplyError),
+    Routing(#[from] RoutingError),
 }
 
 impl NftError {

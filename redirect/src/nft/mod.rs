@@ -47,7 +47,7 @@ pub fn apply(netns: &Netns, plan: &Plan) -> Result<(), NftError> {
     let layout = NftLayout::sidecar(plan)?;
     netns.run(|| -> Result<(), NftError> {
         replace_here(SIDECAR_PREFIX, &layout)?;
-        crate::apply::program_netlink(plan)?;
+        crate::routing::program_sidecar(plan)?;
         Ok(())
     })?
 }

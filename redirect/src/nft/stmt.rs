@@ -5,8 +5,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::iptables::{format_addr, format_net};
-use crate::model::{CtState, Family, OwnerId, Protocol};
+use crate::model::{format_addr, format_net, CtState, Family, OwnerId, Protocol};
 
 /// Which address of the network header a match reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

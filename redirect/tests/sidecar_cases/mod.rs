@@ -162,7 +162,8 @@ macro_rules! plugin_tests {
             };
             plugin_include_exclude_ports, "include-exclude-ports", |c| {
                 c.inbound_ports_include = PortSpec::List(vec![1111, 2222]);
-                c.inbound_ports_exclude = vec![3333, 4444, 15020, 15021, 15090];
+                use istio_contract::ports::{ENVOY_PROMETHEUS, READINESS, STATS};
+                c.inbound_ports_exclude = vec![3333, 4444, STATS, READINESS, ENVOY_PROMETHEUS];
                 c.outbound_ports_exclude = vec![5555, 6666];
             };
             plugin_tproxy, "tproxy", |c| {

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use netns::Netns;
 use serde_json::Value;
-use tests::NetnsGuard;
+use testbed::NetnsGuard;
 
 /// A fresh netns (removed on drop, also on panic) with an open handle.
 pub struct TestNetns {

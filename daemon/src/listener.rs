@@ -1,0 +1,181 @@
+//! Listening sockets and the one accept loop every server of the node side runs on. The loop caps how many
+//! connections are served at once (the excess is closed at once, and counted in a rate-limited warning), backs
+//! off when accepting fails (say, out of file descriptors) instead of spinning, and stops accepting when the
+//! drain starts; each connection holds the drain open until it is done. [`crate::http`] serves HTTP/1 on it; a
+//! plain stream socket (the node agent's plugin log socket) uses [`serve`] directly.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+
+use crate::drain::DrainWatcher;
+use crate::Error;
+
+/// How many connections a server serves at once unless it says otherwise: far more than the kubelet's probes,
+/// Prometheus and an operator's curl need, few enough that a flood cannot exhaust the process's descriptors.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// First pause after a failed accept; doubled per consecutive failure up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(10);
+/// Longest pause after failed accepts.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// A warning that could repeat per connection (accept errors, refused connections) is logged at most this often.
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A listening socket the accept loop takes connections from: TCP for the probe, metrics and admin ports, a
+/// unix socket for the node agent's plugin sockets.
+pub trait Listen: Send + 'static {
+    /// One accepted connection.
+    type Conn: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Waits for the next connection.
+    fn accept(&self) -> impl Future<Output = io::Result<Self::Conn>> + Send;
+}
+
+impl Listen for TcpListener {
+    type Conn = TcpStream;
+    async fn accept(&self) -> io::Result<TcpStream> {
+        TcpListener::accept(self).await.map(|(stream, _peer)| stream)
+    }
+}
+
+impl Listen for UnixListener {
+    type Conn = UnixStream;
+    async fn accept(&self) -> io::Result<UnixStream> {
+        UnixListener::accept(self).await.map(|(stream, _peer)| stream)
+    }
+}
+
+/// Binds a TCP listener, separately from serving it, so a binary fails at startup with the address in the error
+/// and tests can bind port 0 and learn the port.
+pub async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })
+}
+
+/// Binds a unix socket at `path` with file mode `mode`, replacing a stale socket a previous run left behind (a
+/// restarted agent must be able to serve at the same path).
+pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, Error> {
+    let fail = |source| Error::BindUnix { path: path.to_owned(), source };
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(fail(e)),
+        _ => {}
+    }
+    let listener = UnixListener::bind(path).map_err(fail)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)?;
+    Ok(listener)
+}
+
+/// Accepts connections on `listener` until `drain` is signalled, then closes it. Each connection runs
+/// `handle(connection, drain)` on its own task; the watcher it gets holds the drain open until the task ends, and
+/// tells it when to stop. At most `max_connections` run at once: one more is closed as soon as it is accepted.
+/// `name` says which server it is in logs.
+pub async fn serve<L, H, F>(listener: L, name: &'static str, max_connections: usize, drain: DrainWatcher, mut handle: H)
+where
+    L: Listen,
+    H: FnMut(L::Conn, DrainWatcher) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(max_connections));
+    let mut backoff = MIN_BACKOFF;
+    let mut failures = Throttle::default();
+    let mut refusals = Throttle::default();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = drain.signaled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let conn = match accepted {
+            Ok(conn) => {
+                backoff = MIN_BACKOFF;
+                conn
+            }
+            // The peer gave up between connecting and our accept: nothing is wrong with the listener.
+            Err(error) if is_per_connection(&error) => {
+                tracing::debug!(server = name, %error, "connection gone before accept");
+                continue;
+            }
+            Err(error) => {
+                if let Some(also) = failures.hit() {
+                    tracing::warn!(server = name, %error, retry_in = ?backoff, failures_since_last_warning = also, "accept failed");
+                }
+                tokio::select! {
+                    _ = drain.signaled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            drop(conn);
+            if let Some(also) = refusals.hit() {
+                tracing::warn!(
+                    server = name,
+                    max_connections,
+                    refused_since_last_warning = also,
+                    "connection cap reached: closing new connections"
+                );
+            }
+            continue;
+        };
+        let work = handle(conn, drain.clone());
+        tokio::spawn(async move {
+            work.await;
+            drop(permit);
+        });
+    }
+    tracing::debug!(server = name, "stopped accepting");
+}
+
+/// Accept errors that concern one connection only, not the listener.
+fn is_per_connection(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// Counts events and lets one through per [`LOG_INTERVAL`], so a flood logs a line every few seconds, not one per
+/// event.
+#[derive(Debug, Default)]
+struct Throttle {
+    last: Option<Instant>,
+    /// Events since the last one let through.
+    held: u64,
+}
+
+impl Throttle {
+    /// Counts one event; `Some(count of the events held back before it)` if this one should be logged.
+    fn hit(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self.last.is_some_and(|last| now.duration_since(last) < LOG_INTERVAL) {
+            self.held += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_lets_the_first_through_then_counts() {
+        let mut throttle = Throttle::default();
+        assert_eq!(throttle.hit(), Some(0));
+        assert_eq!(throttle.hit(), None);
+        assert_eq!(throttle.hit(), None);
+        throttle.last = Some(Instant::now() - LOG_INTERVAL);
+        assert_eq!(throttle.hit(), Some(2));
+        assert_eq!(throttle.hit(), None);
+    }
+}

@@ -1,0 +1,492 @@
+//! The Helm chart in charts/istio-cni, rendered by a real helm: lint, offline validation against the Kubernetes
+//! 1.32 schemas, golden snapshots, and what an operator relies on (no capabilities for the installer, exact
+//! capabilities for the node agent, the kubeconfig in the run dir, RBAC per feature, env names the binaries
+//! really read, a schema that refuses bad values).
+//!
+//! Goldens live in e2e/goldens/chart/<case>.yaml; `UPDATE_GOLDENS=1` rewrites them.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use testbed::chart::{self, accepted_env, list, output, Rendered, KUBE_VERSION};
+
+const PLATFORMS: [&str; 6] = ["k3s", "k3d", "microk8s", "minikube", "openshift", "gke"];
+const AMBIENT: &str = "cni.ambient.enabled=true";
+const PROXY: &str = "proxy.enabled=true";
+const REPAIR_DELETE: &str = "cni.repair.deletePods=true";
+const REPAIR_LABEL: &str = "cni.repair.labelPods=true";
+const NO_REPAIR_IN_PLACE: &str = "cni.repair.repairPods=false";
+
+/// Every golden case: name and `--set`s.
+fn cases() -> Vec<(String, Vec<String>)> {
+    let mut cases = vec![
+        ("default".to_owned(), vec![]),
+        ("ambient".to_owned(), vec![AMBIENT.to_owned()]),
+        ("proxy".to_owned(), vec![AMBIENT.to_owned(), PROXY.to_owned()]),
+        ("repair-sidecar-only".to_owned(), vec![REPAIR_DELETE.to_owned(), NO_REPAIR_IN_PLACE.to_owned()]),
+    ];
+    for platform in PLATFORMS {
+        cases.push((format!("platform-{platform}"), vec![AMBIENT.to_owned(), format!("global.platform={platform}")]));
+    }
+    cases
+}
+
+fn render(sets: &[String]) -> (String, Rendered) {
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let text = chart::template(&sets).unwrap_or_else(|e| panic!("helm template {sets:?}: {e}"));
+    let rendered = Rendered::parse(&text);
+    (text, rendered)
+}
+
+fn goldens_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens/chart")
+}
+
+#[test]
+fn lint_strict_passes() {
+    let everything = ["--set", AMBIENT, "--set", PROXY, "--set", "proxy.selfSignedCA=true"];
+    for extra in [&[][..], &everything[..]] {
+        let out = output(chart::helm().args(["lint", "--strict"]).arg(chart::chart_dir()).args(extra));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "helm lint --strict {extra:?} failed:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("0 chart(s) failed"), "{text}");
+        assert!(!text.contains("[WARNING]") && !text.contains("[ERROR]"), "{text}");
+    }
+}
+
+#[test]
+fn renders_match_goldens_and_validate_against_kubernetes_schemas() {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let update = std::env::var_os("UPDATE_GOLDENS").is_some();
+    let mut files = Vec::new();
+    let mut mismatches = Vec::new();
+    for (name, sets) in cases() {
+        let (text, _) = render(&sets);
+        let golden = goldens_dir().join(format!("{name}.yaml"));
+        if update {
+            std::fs::create_dir_all(goldens_dir()).expect("goldens dir");
+            std::fs::write(&golden, &text).expect("write golden");
+        } else {
+            let want = std::fs::read_to_string(&golden)
+                .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDENS=1 creates it)", golden.display()));
+            if want != text {
+                let rendered = scratch.path().join(format!("{name}.rendered.yaml"));
+                std::fs::write(&rendered, &text).expect("write render");
+                let diff = output(Command::new("diff").arg("-u").arg(&golden).arg(&rendered));
+                mismatches.push(format!("{name}:\n{}", String::from_utf8_lossy(&diff.stdout)));
+            }
+        }
+        let file = scratch.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, &text).expect("write render");
+        files.push(file);
+    }
+    assert!(
+        mismatches.is_empty(),
+        "renders differ from goldens (UPDATE_GOLDENS=1 to accept):\n{}",
+        mismatches.join("\n")
+    );
+
+    let out = output(Command::new("kubernetes-validate").args(["--strict", "-k", KUBE_VERSION]).args(&files));
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kubernetes-validate rejected a render:\n{log}");
+    assert!(log.contains("passed for resource daemonset/istio-cni-node"), "{log}");
+
+    // The validator does catch a field Kubernetes does not know.
+    let bad = scratch.path().join("bad.yaml");
+    let (text, _) = render(&[]);
+    std::fs::write(&bad, text.replace("priorityClassName:", "priorityClassNam:")).expect("write bad");
+    let out = output(Command::new("kubernetes-validate").args(["--strict", "-k", KUBE_VERSION]).arg(&bad));
+    assert!(!out.status.success(), "kubernetes-validate accepted an unknown field");
+}
+
+#[test]
+fn install_container_is_unprivileged_and_writes_only_its_three_dirs() {
+    for (name, sets) in cases() {
+        let (_, r) = render(&sets);
+        let c = r.container("istio-cni-node", "install-cni").expect("install-cni container");
+        let sc = &c["securityContext"];
+        assert_eq!(sc["privileged"], false, "{name}");
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{name}");
+        assert!(list(&sc["capabilities"]["add"]).is_empty(), "{name}: install-cni adds capabilities: {sc}");
+        let mounts: BTreeSet<String> =
+            list(&c["volumeMounts"]).iter().map(|m| m["mountPath"].as_str().unwrap().to_owned()).collect();
+        let want: BTreeSet<String> =
+            ["/host/opt/cni/bin", "/host/etc/cni/net.d", "/var/run/istio-cni"].map(String::from).into();
+        assert_eq!(mounts, want, "{name}");
+        assert!(list(&c["volumeMounts"]).iter().all(|m| m["readOnly"] != true), "{name}: its dirs must be writable");
+    }
+}
+
+#[test]
+fn kubeconfig_goes_to_the_host_run_dir_not_the_conf_dir() {
+    for (name, sets) in cases() {
+        let (_, r) = render(&sets);
+        let c = r.container("istio-cni-node", "install-cni").unwrap();
+        // install-cni writes <CNI_AGENT_RUN_DIR>/istio-cni-kubeconfig; the plugin reads the same path on the host.
+        assert_eq!(r.env_value(c, "CNI_AGENT_RUN_DIR").as_deref(), Some("/var/run/istio-cni"), "{name}");
+        let mount = list(&c["volumeMounts"]).into_iter().find(|m| m["mountPath"] == "/var/run/istio-cni").unwrap();
+        let volume = volume(&r, "istio-cni-node", mount["name"].as_str().unwrap());
+        assert_eq!(volume["hostPath"]["path"], "/var/run/istio-cni", "{name}");
+        let conf_mount = r.env_value(c, "MOUNTED_CNI_NET_DIR").unwrap();
+        assert!(!"/var/run/istio-cni".starts_with(&conf_mount), "{name}: run dir inside the conf dir mount");
+    }
+}
+
+#[test]
+fn node_agent_has_exactly_its_capabilities_and_the_pod_its_scheduling_guarantees() {
+    let (_, r) = render(&[AMBIENT.to_owned()]);
+    let c = r.container("istio-cni-node", "node-agent").expect("node-agent container with ambient on");
+    let sc = &c["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    let added: BTreeSet<&str> =
+        sc["capabilities"]["add"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(added, BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]));
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let install = r.container("istio-cni-node", "install-cni").unwrap();
+    assert_eq!(install["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": 8000}));
+    // The probe port is the one the agent is told to listen on.
+    let port = r.env_value(c, "READINESS_PORT").unwrap();
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"].to_string(), port);
+
+    let ds = r.get("DaemonSet", "istio-cni-node");
+    let pod = r.pod_spec("istio-cni-node");
+    assert_ne!(pod["hostNetwork"], true);
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert!(list(&pod["tolerations"]).iter().any(|t| t == &json!({"operator": "Exists"})), "{}", pod["tolerations"]);
+    assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 1);
+
+    let mut host_paths: Vec<String> = list(&pod["volumes"])
+        .iter()
+        .map(|v| v["hostPath"]["path"].as_str().expect("only hostPaths").to_owned())
+        .collect();
+    host_paths.sort();
+    assert_eq!(
+        host_paths,
+        ["/etc/cni/net.d", "/opt/cni/bin", "/proc", "/var/run/istio-cni", "/var/run/netns", "/var/run/ztunnel"]
+    );
+    let mount = |path: &str| list(&c["volumeMounts"]).into_iter().find(|m| m["mountPath"] == path).unwrap();
+    assert_eq!(mount("/host/proc")["readOnly"], true);
+    assert_eq!(mount("/var/run/netns")["mountPropagation"], "HostToContainer");
+    assert_eq!(r.env_value(c, "HOST_PROC").as_deref(), Some("/host/proc"));
+}
+
+fn host_paths(r: &Rendered) -> Vec<Value> {
+    list(&r.pod_spec("istio-cni-node")["volumes"]).iter().map(|v| v["hostPath"]["path"].clone()).collect()
+}
+
+#[test]
+fn without_ambient_or_any_repair_mode_there_is_no_node_agent_and_no_host_proc() {
+    for sets in [vec![NO_REPAIR_IN_PLACE.to_owned()], vec!["cni.repair.enabled=false".to_owned()]] {
+        let (_, r) = render(&sets);
+        assert!(r.container("istio-cni-node", "node-agent").is_none(), "{sets:?}");
+        assert_eq!(host_paths(&r), [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni")]);
+    }
+}
+
+#[test]
+fn sidecar_only_in_place_repair_by_default_gives_the_node_agent_rule_capabilities_and_host_proc_only() {
+    let (_, r) = render(&[]);
+    let c = r.container("istio-cni-node", "node-agent").expect("node-agent container for in-place repair");
+    let sc = &c["securityContext"];
+    let added: BTreeSet<&str> =
+        sc["capabilities"]["add"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(added, BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]));
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(c["volumeMounts"], json!([{ "name": "host-proc", "mountPath": "/host/proc", "readOnly": true }]));
+    assert_eq!(
+        host_paths(&r),
+        [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni"), json!("/proc")]
+    );
+    assert_eq!(r.env_value(c, "HOST_PROC").as_deref(), Some("/host/proc"));
+    assert_eq!(r.env_value(c, "AMBIENT_ENABLED").as_deref(), Some("false"));
+    assert_eq!(r.env_value(c, "REPAIR_REPAIR_PODS").as_deref(), Some("true"));
+}
+
+#[test]
+fn sidecar_only_label_or_delete_repair_runs_the_node_agent_without_capabilities_or_host_mounts() {
+    for mode in [REPAIR_LABEL, REPAIR_DELETE] {
+        let (_, r) = render(&[mode.to_owned(), NO_REPAIR_IN_PLACE.to_owned()]);
+        let c = r.container("istio-cni-node", "node-agent").expect("node-agent container for label/delete repair");
+        assert_eq!(c["securityContext"]["capabilities"], json!({"drop": ["ALL"]}), "{mode}");
+        assert!(c["volumeMounts"].is_null(), "{mode}: {}", c["volumeMounts"]);
+        assert_eq!(r.env_value(c, "AMBIENT_ENABLED").as_deref(), Some("false"));
+        assert_eq!(r.env_value(c, "REPAIR_REPAIR_PODS").as_deref(), Some("false"));
+        let set = |m: &str| Some(if m == mode { "true" } else { "false" });
+        assert_eq!(r.env_value(c, "REPAIR_LABEL_PODS").as_deref(), set(REPAIR_LABEL));
+        assert_eq!(r.env_value(c, "REPAIR_DELETE_PODS").as_deref(), set(REPAIR_DELETE));
+        assert_eq!(host_paths(&r), [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni")]);
+    }
+}
+
+#[test]
+fn platform_profiles_set_their_directories_and_explicit_values_win() {
+    let expect = [
+        ("k3s", "/var/lib/rancher/k3s/data/cni", "/var/lib/rancher/k3s/agent/etc/cni/net.d", "/var/run/netns"),
+        ("k3d", "/var/lib/rancher/k3s/data/cni", "/var/lib/rancher/k3s/agent/etc/cni/net.d", "/var/run/netns"),
+        (
+            "microk8s",
+            "/var/snap/microk8s/current/opt/cni/bin",
+            "/var/snap/microk8s/current/args/cni-network",
+            "/var/run/netns",
+        ),
+        ("minikube", "/opt/cni/bin", "/etc/cni/net.d", "/var/run/docker/netns"),
+        ("openshift", "/var/lib/cni/bin", "/etc/cni/multus/net.d", "/var/run/netns"),
+        ("gke", "/home/kubernetes/bin", "/etc/cni/net.d", "/var/run/netns"),
+    ];
+    for (platform, bin, conf, netns) in expect {
+        let (_, r) = render(&[AMBIENT.to_owned(), format!("global.platform={platform}")]);
+        assert_eq!(volume(&r, "istio-cni-node", "cni-bin-dir")["hostPath"]["path"], bin, "{platform}");
+        assert_eq!(volume(&r, "istio-cni-node", "cni-net-dir")["hostPath"]["path"], conf, "{platform}");
+        assert_eq!(volume(&r, "istio-cni-node", "cni-netns-dir")["hostPath"]["path"], netns, "{platform}");
+    }
+    let (_, r) = render(&["global.platform=openshift".to_owned()]);
+    let config = r.config_map("istio-cni-config");
+    assert_eq!(config["CHAINED_CNI_PLUGIN"], "false");
+    assert_eq!(config["CNI_CONF_NAME"], "istio-cni.conf");
+    let install = r.container("istio-cni-node", "install-cni").unwrap();
+    assert_eq!(install["securityContext"]["seLinuxOptions"]["type"], "spc_t");
+
+    let (_, r) = render(&["global.platform=k3s".to_owned(), "cni.cniBinDir=/opt/custom/bin".to_owned()]);
+    assert_eq!(volume(&r, "istio-cni-node", "cni-bin-dir")["hostPath"]["path"], "/opt/custom/bin");
+    let (_, r) = render(&["global.platform=openshift".to_owned(), "cni.chained=true".to_owned()]);
+    assert_eq!(r.config_map("istio-cni-config")["CHAINED_CNI_PLUGIN"], "true");
+}
+
+#[test]
+fn schema_refuses_bad_values_naming_the_value() {
+    let err = chart::template(&["cni.cniBinDir=opt/cni/bin"]).expect_err("relative bin dir accepted");
+    assert!(err.contains("/cni/cniBinDir") && err.contains("does not match pattern"), "{err}");
+    let err = chart::template(&["cni.cniNetnsDir=run/netns"]).expect_err("relative netns dir accepted");
+    assert!(err.contains("/cni/cniNetnsDir"), "{err}");
+    let err = chart::template(&["cni.cniBinDirs=/opt/cni/bin"]).expect_err("unknown key accepted");
+    assert!(err.contains("additional properties 'cniBinDirs' not allowed"), "{err}");
+    let err = chart::template(&["global.platform=k8s"]).expect_err("unknown platform accepted");
+    assert!(err.contains("/global/platform") && err.contains("k3s"), "{err}");
+    let err = chart::template(&["cni.cniConfFileName=../10-x.conflist"]).expect_err("path as file name accepted");
+    assert!(err.contains("/cni/cniConfFileName"), "{err}");
+    let err = chart::template(&["cni.ambient.enabled=yes"]).expect_err("string for a boolean accepted");
+    assert!(err.contains("/cni/ambient/enabled"), "{err}");
+    let err = chart::template(&[PROXY]).expect_err("proxy without ambient accepted");
+    assert!(err.contains("proxy.enabled needs cni.ambient.enabled=true"), "{err}");
+}
+
+#[test]
+fn rbac_grows_only_with_the_features_enabled() {
+    let grant = |resource: &str, verb: &str| (resource.to_owned(), verb.to_owned());
+    let (_, r) = render(&[]);
+    let grants = r.grants("istio-cni");
+    let reads: BTreeSet<_> = ["pods", "namespaces", "nodes"]
+        .iter()
+        .flat_map(|res| ["get", "list", "watch"].map(|v| grant(res, v)))
+        .collect();
+    assert_eq!(grants, reads, "default install grants only reads");
+
+    let (_, r) = render(&[AMBIENT.to_owned()]);
+    let grants = r.grants("istio-cni");
+    assert!(grants.contains(&grant("pods/status", "patch")) && grants.contains(&grant("daemonsets", "get")));
+    assert!(!grants.contains(&grant("pods", "delete")) && !grants.contains(&grant("events", "create")));
+    let ds_rule =
+        list(&r.get("ClusterRole", "istio-cni")["rules"]).into_iter().find(|r| r["resources"] == json!(["daemonsets"]));
+    assert_eq!(ds_rule.unwrap()["resourceNames"], json!(["istio-cni-node"]));
+
+    // Repair: delete needs pods delete, label a patch of the pod itself (labels are metadata, not status); no
+    // events are created. Both with and without ambient, and nothing when repair is off.
+    for ambient in [vec![], vec![AMBIENT.to_owned()]] {
+        let (_, r) = render(&[ambient.clone(), vec![REPAIR_DELETE.to_owned()]].concat());
+        let grants = r.grants("istio-cni");
+        assert!(grants.contains(&grant("pods", "delete")) && !grants.contains(&grant("pods", "patch")));
+        assert!(!grants.iter().any(|(res, _)| res == "events"), "{grants:?}");
+        let (_, r) = render(&[ambient.clone(), vec![REPAIR_LABEL.to_owned()]].concat());
+        let grants = r.grants("istio-cni");
+        assert!(grants.contains(&grant("pods", "patch")) && !grants.contains(&grant("pods", "delete")));
+        let off = [ambient, vec![REPAIR_LABEL.to_owned(), REPAIR_DELETE.to_owned(), "cni.repair.enabled=false".into()]];
+        let (_, r) = render(&off.concat());
+        let grants = r.grants("istio-cni");
+        assert!(!grants.contains(&grant("pods", "patch")) && !grants.contains(&grant("pods", "delete")));
+    }
+
+    let (_, r) = render(&[AMBIENT.to_owned(), PROXY.to_owned()]);
+    let reads: BTreeSet<_> = ["get", "list", "watch"].map(|v| grant("pods", v)).into();
+    assert_eq!(r.grants("hbone-proxy"), reads);
+    let (_, r) = render(&[AMBIENT.to_owned(), PROXY.to_owned(), "proxy.kubeWorkloads=false".to_owned()]);
+    assert!(r.find("ClusterRole", "hbone-proxy").is_none());
+}
+
+/// Names the chart must set for each binary to run as the chart intends.
+fn required_env(binary: &str) -> &'static [&'static str] {
+    match binary {
+        "install-cni" => &[
+            "MOUNTED_CNI_NET_DIR",
+            "HOST_CNI_BIN_DIR",
+            "CNI_BIN_SOURCE_DIR",
+            "CNI_AGENT_RUN_DIR",
+            "CHAINED_CNI_PLUGIN",
+            "EXCLUDE_NAMESPACES",
+            "AMBIENT_ENABLED",
+            "AMBIENT_ENABLEMENT_SELECTOR",
+            "NATIVE_NFTABLES",
+            "ISTIO_OWNED_CNI_CONFIG",
+            "ISTIO_OWNED_CNI_CONFIG_FILENAME",
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "NODE_NAME",
+            "LOG_LEVEL",
+        ],
+        "node-agent" => &[
+            "NODE_NAME",
+            "AMBIENT_DNS_CAPTURE",
+            "AMBIENT_IPV6",
+            "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP",
+            "AMBIENT_ENABLEMENT_SELECTOR",
+            "EXCLUDE_NAMESPACES",
+            "CNI_AGENT_RUN_DIR",
+            "NATIVE_NFTABLES",
+            "HOST_PROC",
+            "ZTUNNEL_UDS_ADDRESS",
+            "READINESS_PORT",
+            "REPAIR_ENABLED",
+            "REPAIR_LABEL_PODS",
+            "REPAIR_DELETE_PODS",
+            "REPAIR_REPAIR_PODS",
+            "REPAIR_INIT_CONTAINER_NAME",
+            "REPAIR_BROKEN_POD_LABEL_KEY",
+            "REPAIR_BROKEN_POD_LABEL_VALUE",
+            "LOG_LEVEL",
+        ],
+        "hbone-proxy" => &["INPOD_UDS", "TRUST_DOMAIN", "CA_DIR", "LOG_LEVEL"],
+        other => panic!("no container should run {other}"),
+    }
+}
+
+#[test]
+fn every_env_name_is_one_the_consuming_binary_reads() {
+    let mut seen = BTreeSet::new();
+    for (name, sets) in cases() {
+        let (_, r) = render(&sets);
+        for (daemonset, container) in r.containers() {
+            let binary = container["command"][0].as_str().expect("containers name their binary").to_owned();
+            let accepted = accepted_env(&binary);
+            let given = r.env_names(&container);
+            let unknown: Vec<_> = given.difference(&accepted).collect();
+            assert!(unknown.is_empty(), "{name}: {daemonset}/{binary} is given env it does not read: {unknown:?}");
+            let missing: Vec<_> = required_env(&binary).iter().filter(|n| !given.contains(**n)).collect();
+            assert!(missing.is_empty(), "{name}: {daemonset}/{binary} lacks {missing:?}");
+            seen.insert(binary);
+        }
+    }
+    assert_eq!(seen, ["hbone-proxy", "install-cni", "node-agent"].map(String::from).into());
+
+    // Both ends of the ZDS socket and of the plugin socket agree.
+    let (_, r) = render(&[AMBIENT.to_owned(), PROXY.to_owned()]);
+    let agent = r.container("istio-cni-node", "node-agent").unwrap();
+    let proxy = r.container("hbone-proxy", "hbone-proxy").unwrap();
+    assert_eq!(r.env_value(agent, "ZTUNNEL_UDS_ADDRESS"), r.env_value(proxy, "INPOD_UDS"));
+    let install = r.container("istio-cni-node", "install-cni").unwrap();
+    assert_eq!(r.env_value(agent, "CNI_AGENT_RUN_DIR"), r.env_value(install, "CNI_AGENT_RUN_DIR"));
+}
+
+#[test]
+fn proxy_mounts_the_ztunnel_dir_and_the_cacerts_secret_at_its_ca_dir() {
+    let (_, r) = render(&[AMBIENT.to_owned(), PROXY.to_owned()]);
+    let c = r.container("hbone-proxy", "hbone-proxy").unwrap();
+    let sc = &c["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    let added: BTreeSet<&str> =
+        sc["capabilities"]["add"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(added, BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]));
+    assert_ne!(r.pod_spec("hbone-proxy")["hostNetwork"], true);
+    let ca_dir = r.env_value(c, "CA_DIR").unwrap();
+    let mount = list(&c["volumeMounts"]).into_iter().find(|m| m["mountPath"] == ca_dir.as_str()).expect("CA mount");
+    assert_eq!(volume(&r, "hbone-proxy", mount["name"].as_str().unwrap())["secret"]["secretName"], "cacerts");
+    assert!(list(&c["volumeMounts"]).iter().any(|m| m["mountPath"] == "/var/run/ztunnel"));
+    assert!(r.find("Secret", "cacerts").is_none(), "the CA Secret is the operator's unless selfSignedCA is on");
+}
+
+#[test]
+fn trial_ca_is_a_complete_cacerts_secret_and_says_it_is_for_trials() {
+    let sets = [AMBIENT, PROXY, "proxy.selfSignedCA=true"];
+    let text = chart::template(&sets).unwrap();
+    assert!(text.contains("FOR TRIALS ONLY"), "the rendered Secret must say it is for trials only");
+    let r = Rendered::parse(&text);
+    let secret = r.get("Secret", "cacerts");
+    let keys: BTreeSet<&str> = secret["data"].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, BTreeSet::from(["ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem"]));
+    let pem = |key: &str| {
+        let b64 = secret["data"][key].as_str().unwrap();
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).expect("base64")).expect("PEM text")
+    };
+    assert!(pem("ca-cert.pem").starts_with("-----BEGIN CERTIFICATE-----"));
+    assert!(pem("ca-key.pem").contains("PRIVATE KEY-----"));
+    assert_eq!(pem("root-cert.pem"), pem("ca-cert.pem"));
+    assert!(secret["metadata"]["annotations"]["istio-cni/trial-only"]
+        .as_str()
+        .unwrap()
+        .contains("do not use in production"));
+
+    // The real proxy loads it as its mesh CA and goes on to wait for the node agent (a bad CA makes it exit).
+    let ca_dir = tempfile::tempdir().expect("CA dir");
+    for key in ["ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem"] {
+        std::fs::write(ca_dir.path().join(key), pem(key)).expect("write CA file");
+    }
+    let log = ca_dir.path().join("proxy.log");
+    let mut proxy = Command::new(testbed::bins::path("hbone-proxy"));
+    proxy
+        .env_clear()
+        .env("CA_DIR", ca_dir.path())
+        .env("INPOD_UDS", ca_dir.path().join("no-node-agent.sock"))
+        .env("KUBE_WORKLOADS", "false")
+        .env("LISTEN_ADDRESS", "127.0.0.1")
+        .env("READINESS_PORT", "0")
+        .env("MONITORING_PORT", "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut proxy = KillOnDrop(proxy.spawn().expect("spawn hbone-proxy"));
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    testbed::wait::eventually_or(
+        "hbone-proxy loads the trial CA and waits for the node agent",
+        || {
+            let exited = proxy.0.try_wait().expect("wait").is_some();
+            assert!(!exited, "hbone-proxy exited:\n{}", read_log());
+            read_log().contains("cannot reach the node agent").then_some(())
+        },
+        read_log,
+    );
+
+    let notes = output(
+        chart::helm()
+            .args(["install", "istio-cni", "--dry-run=client", "-n", "istio-system"])
+            .arg(chart::chart_dir())
+            .args(sets.iter().flat_map(|s| ["--set", s])),
+    );
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    assert!(notes.contains("It is for trials only"), "{notes}");
+}
+
+/// Volume `name` of DaemonSet `daemonset`.
+fn volume(r: &Rendered, daemonset: &str, name: &str) -> Value {
+    list(&r.pod_spec(daemonset)["volumes"])
+        .into_iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+/// A child process killed when the test ends, also on panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

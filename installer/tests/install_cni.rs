@@ -1,0 +1,338 @@
+//! Acceptance for `install-cni`: the real binary runs in a test node's netns against the fake API server, edits the
+//! node's real net.d and bin dir, and pods are then created through the fake CNI runtime from what it left on disk.
+
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use testbed::install_cni::{InstallCni, Installer, MONITORING_PORT, PLUGIN, READINESS_PORT};
+use testbed::mesh::sidecar_pod;
+use testbed::{Cluster, NetworkConfigList};
+
+/// The primary config the node starts with.
+const PRIMARY: &str = "10-bridge.conflist";
+/// An uninstall only deletes a few files; anything slower is waiting on something it should not.
+const PROMPT_EXIT: Duration = Duration::from_secs(3);
+
+fn write_json(path: &Path, value: &Value) {
+    std::fs::write(path, format!("{}\n", serde_json::to_string_pretty(value).unwrap())).unwrap();
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// The plugin types of the conflist at `path`, in order.
+fn plugin_types(path: &Path) -> Option<Vec<String>> {
+    let list = read_json(path)?;
+    Some(list["plugins"].as_array()?.iter().map(|p| p["type"].as_str().unwrap_or_default().to_owned()).collect())
+}
+
+/// True once `path` is bridge followed by exactly one istio-cni entry.
+fn chained(path: &Path) -> bool {
+    plugin_types(path).is_some_and(|t| t == ["bridge", PLUGIN])
+}
+
+/// File names and parsed contents of every file in `dir`, to compare states semantically.
+fn snapshot(dir: &Path) -> Vec<(String, Option<Value>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            (path.file_name().unwrap().to_string_lossy().into_owned(), read_json(&path))
+        })
+        .collect();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    files
+}
+
+/// The node's bridge-only conflist written as `10-bridge.conflist`, installer set up for that node.
+fn node_with_bridge() -> (Cluster, Installer) {
+    let cluster = Cluster::new();
+    let installer = Installer::new(&cluster);
+    write_json(&installer.net_d.join(PRIMARY), &cluster.node.conflist(vec![]));
+    (cluster, installer)
+}
+
+/// Starts the installer and waits until it reports ready with our entry chained into the primary.
+fn installed(installer: &Installer) -> InstallCni {
+    let run = installer.start();
+    run.wait_readyz(200);
+    assert!(chained(&installer.net_d.join(PRIMARY)), "ready but not chained: {}", run.log());
+    run
+}
+
+/// The installed plugin binary: a regular executable file identical in size to the image's.
+fn binary_installed(installer: &Installer) -> bool {
+    let want = std::fs::metadata(installer.source_dir.join(PLUGIN)).unwrap().len();
+    std::fs::symlink_metadata(installer.bin_dir.join(PLUGIN))
+        .is_ok_and(|m| m.is_file() && m.len() == want && m.permissions().mode() & 0o111 == 0o111)
+}
+
+fn kubeconfig_text(installer: &Installer) -> String {
+    std::fs::read_to_string(installer.kubeconfig()).unwrap_or_default()
+}
+
+#[test]
+fn installs_into_a_bridge_conflist_and_a_new_sidecar_pod_gets_its_rules() {
+    let (cluster, installer) = node_with_bridge();
+    let run = installed(&installer);
+
+    let primary = installer.net_d.join(PRIMARY);
+    let list = read_json(&primary).unwrap();
+    let entry = &list["plugins"][1];
+    assert_eq!(entry["cni_agent_run_dir"], json!(installer.run_dir), "{list:#}");
+    assert_eq!(entry["exclude_namespaces"], json!(["kube-system"]), "{list:#}");
+    assert_eq!(entry["pod_namespace"], "istio-system", "{list:#}");
+    assert!(binary_installed(&installer), "plugin binary not copied into the bin dir");
+
+    let meta = std::fs::metadata(installer.kubeconfig()).expect("kubeconfig written into the run dir");
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    assert!(kubeconfig_text(&installer).contains("token-one"), "kubeconfig lacks the service-account token");
+    assert!(!run.log().contains("token-one"), "the token was logged");
+    assert_eq!(run.get(READINESS_PORT, "/healthz").unwrap().0, 200);
+    assert_eq!(run.metric("istio_cni_install_ready"), Some(1.0));
+
+    NetworkConfigList::from_file(&primary).expect("the runtime accepts the installed conflist");
+    let pod = sidecar_pod("shop", "web");
+    cluster.create(&pod);
+    let pod = cluster.node.try_add_pod_with(list, "web", "shop").expect("ADD with the installed conflist");
+    let rules = pod.netns.exec_ok(&["iptables-nft-save"]);
+    assert!(rules.contains("ISTIO_OUTPUT"), "no sidecar rules in the pod netns:\n{rules}");
+}
+
+#[test]
+fn a_deleted_binary_comes_back_and_a_rival_writer_loses_without_torn_files() {
+    let (_cluster, mut installer) = node_with_bridge();
+    installer.env("CONFIG_FIGHT_THRESHOLD", "2").env("CONFIG_FIGHT_WINDOW_SECONDS", "600");
+    let run = installed(&installer);
+
+    std::fs::remove_file(installer.bin_dir.join(PLUGIN)).unwrap();
+    run.until("the deleted plugin binary is restored", || binary_installed(&installer).then_some(()));
+
+    let primary = installer.net_d.join(PRIMARY);
+    let original = std::fs::read(&primary).unwrap();
+    let bridge_only = {
+        let mut list = read_json(&primary).unwrap();
+        list["plugins"].as_array_mut().unwrap().truncate(1);
+        serde_json::to_vec_pretty(&list).unwrap()
+    };
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let reader = {
+        let (stop, primary) = (stop.0.clone(), primary.clone());
+        std::thread::spawn(move || sample_until(&primary, &stop))
+    };
+    let rival_tmp = installer.net_d.join(".rival-tmp");
+    for _ in 0..200 {
+        let mut tmp = std::fs::File::create(&rival_tmp).unwrap();
+        tmp.write_all(&bridge_only).unwrap();
+        tmp.sync_all().unwrap();
+        std::fs::rename(&rival_tmp, &primary).unwrap();
+    }
+
+    run.until("the entry is back after the fight, the fight is logged and counted", || {
+        let fought =
+            run.log().contains("config fight") && run.metric("istio_cni_config_fights_total").is_some_and(|n| n >= 1.0);
+        (fought && chained(&primary) && run.get(READINESS_PORT, "/readyz").is_ok_and(|r| r.0 == 200)).then_some(())
+    });
+    drop(stop);
+    let (samples, bad) = reader.join().unwrap();
+    assert!(samples > 0, "the reader sampled nothing");
+    assert!(bad.is_empty(), "{} of {samples} samples were not a valid conflist: {:?}", bad.len(), &bad[..1]);
+    let list = read_json(&primary).unwrap();
+    let before: Value = serde_json::from_slice(&original).unwrap();
+    assert_eq!(list["plugins"][0], before["plugins"][0], "the bridge plugin changed");
+    let log = run.log();
+    let warning = log.lines().find(|l| l.contains("config fight")).unwrap();
+    assert!(warning.contains(&primary.display().to_string()), "the fight warning names no file: {warning}");
+}
+
+/// Stops the sampling thread also when the test panics, so it does not spin on for the rest of the run.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Reads `path` continually until `stop`; returns how many samples were taken and the ones that were not a
+/// parsable conflist whose first plugin is bridge.
+fn sample_until(path: &Path, stop: &AtomicBool) -> (usize, Vec<String>) {
+    let (mut samples, mut bad) = (0, Vec::new());
+    while !stop.load(Ordering::Relaxed) {
+        samples += 1;
+        match std::fs::read(path) {
+            Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+                Ok(v) if v["plugins"][0]["type"] == "bridge" => {}
+                Ok(v) => bad.push(format!("not a bridge conflist: {v}")),
+                Err(e) => bad.push(format!("{e}: {}", String::from_utf8_lossy(&bytes))),
+            },
+            Err(e) => bad.push(format!("read failed: {e}")),
+        }
+    }
+    (samples, bad)
+}
+
+#[test]
+fn a_rotated_token_reaches_the_kubeconfig() {
+    let (_cluster, mut installer) = node_with_bridge();
+    let run = installed(&installer);
+    assert!(kubeconfig_text(&installer).contains("token-one"));
+
+    installer.sa.rotate("token-two");
+    run.until("the kubeconfig holds the rotated token", || {
+        let text = kubeconfig_text(&installer);
+        (text.contains("token-two") && !text.contains("token-one")).then_some(())
+    });
+    run.wait_readyz(200);
+    assert!(!run.log().contains("token-two"), "the token was logged");
+}
+
+#[test]
+fn sigterm_leaves_net_d_as_it_was_and_removes_the_kubeconfig_and_binary() {
+    let (_cluster, installer) = node_with_bridge();
+    let before = snapshot(&installer.net_d);
+    let mut run = installed(&installer);
+    assert_ne!(snapshot(&installer.net_d), before);
+
+    let asked = Instant::now();
+    assert!(run.terminate().success(), "install-cni failed on SIGTERM:\n{}", run.log());
+    let took = asked.elapsed();
+    assert!(took < PROMPT_EXIT, "exit took {took:?} after SIGTERM; the pod's grace period is not for idling");
+    assert_eq!(snapshot(&installer.net_d), before, "net.d differs after cleanup:\n{}", run.log());
+    assert_gone(&installer.kubeconfig());
+    assert_gone(&installer.bin_dir.join(PLUGIN));
+    let left: Vec<_> = std::fs::read_dir(&installer.run_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "run dir not empty after cleanup: {left:?}");
+}
+
+#[test]
+fn sigterm_restores_a_converted_single_plugin_conf_byte_for_byte() {
+    let cluster = Cluster::new();
+    let installer = Installer::new(&cluster);
+    let mut conf = cluster.node.conflist(vec![])["plugins"][0].clone();
+    conf["cniVersion"] = json!("1.0.0");
+    conf["name"] = json!(testbed::node::NETWORK_NAME);
+    let single = installer.net_d.join("10-bridge.conf");
+    let original = format!("{}\n", serde_json::to_string_pretty(&conf).unwrap());
+    std::fs::write(&single, &original).unwrap();
+
+    let mut run = installed(&installer);
+    assert!(!single.exists(), "the .conf was not converted");
+
+    assert!(run.terminate().success(), "install-cni failed on SIGTERM:\n{}", run.log());
+    assert_eq!(std::fs::read_to_string(&single).ok().as_deref(), Some(original.as_str()), "{}", run.log());
+    assert_gone(&installer.net_d.join(PRIMARY));
+    assert_gone(&installer.bin_dir.join(PLUGIN));
+}
+
+fn assert_gone(path: &Path) {
+    assert!(std::fs::symlink_metadata(path).is_err(), "{} still exists", path.display());
+}
+
+/// Our DaemonSet as the chart renders it (no nodeSelector: it targets every node).
+fn daemonset() -> Value {
+    let labels = json!({"k8s-app": "istio-cni-node"});
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "istio-cni-node", "namespace": "istio-system"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "install-cni", "image": "install-cni"}]},
+            },
+        },
+    })
+}
+
+/// Runs an ambient install to readiness, SIGTERMs it, and tells what is still installed: (entry, kubeconfig,
+/// binary).
+fn ambient_install_then_sigterm(daemonset_exists: bool, disable_safe_upgrade: bool) -> (bool, bool, bool) {
+    let (cluster, mut installer) = node_with_bridge();
+    if daemonset_exists {
+        cluster.api.upsert(daemonset()).unwrap();
+    }
+    installer.env("AMBIENT_ENABLED", "true");
+    if disable_safe_upgrade {
+        installer.env("AMBIENT_DISABLE_SAFE_UPGRADE", "true");
+    }
+    let mut run = installed(&installer);
+    cluster.api.clear_requests();
+    assert!(run.terminate().success(), "install-cni failed on SIGTERM:\n{}", run.log());
+    let asked = cluster.api.requests().iter().any(|r| r.path.contains("daemonsets/istio-cni-node"));
+    assert_eq!(asked, !disable_safe_upgrade, "DaemonSet lookup on SIGTERM: {:?}", cluster.api.requests());
+    let entry = plugin_types(&installer.net_d.join(PRIMARY)).unwrap().contains(&PLUGIN.to_owned());
+    (entry, installer.kubeconfig().exists(), installer.bin_dir.join(PLUGIN).exists())
+}
+
+#[test]
+fn safe_upgrade_keeps_the_install_while_our_daemonset_targets_the_node() {
+    assert_eq!(ambient_install_then_sigterm(true, false), (true, true, true), "upgrade must keep everything");
+}
+
+#[test]
+fn safe_upgrade_cleans_up_when_disabled_or_when_the_daemonset_is_gone() {
+    assert_eq!(ambient_install_then_sigterm(true, true), (false, false, false), "AMBIENT_DISABLE_SAFE_UPGRADE");
+    assert_eq!(ambient_install_then_sigterm(false, false), (false, false, false), "DaemonSet deleted");
+}
+
+#[test]
+fn waits_for_a_primary_config_then_chains_into_it() {
+    let cluster = Cluster::new();
+    let installer = Installer::new(&cluster);
+    let run = installer.start();
+    let reason = run.until("/readyz says it waits for a primary config", || {
+        run.get(READINESS_PORT, "/readyz").ok().filter(|(s, body)| *s == 503 && body.contains("waiting"))
+    });
+    assert!(reason.1.contains("primary"), "{reason:?}");
+    assert_eq!(snapshot(&installer.net_d), vec![], "wrote a config while waiting for the primary");
+    assert_eq!(run.metric("istio_cni_install_ready"), Some(0.0));
+
+    write_json(&installer.net_d.join(PRIMARY), &cluster.node.conflist(vec![]));
+    run.wait_readyz(200);
+    assert!(chained(&installer.net_d.join(PRIMARY)), "{}", run.log());
+    assert_eq!(snapshot(&installer.net_d).len(), 1, "wrote more than the primary");
+}
+
+#[test]
+fn readiness_flips_while_the_config_is_gone_and_back_once_repaired() {
+    let (cluster, installer) = node_with_bridge();
+    let run = installed(&installer);
+    let primary = installer.net_d.join(PRIMARY);
+
+    std::fs::remove_file(&primary).unwrap();
+    run.wait_readyz(503);
+    assert_eq!(run.metric("istio_cni_install_ready"), Some(0.0));
+
+    write_json(&primary, &cluster.node.conflist(vec![]));
+    run.wait_readyz(200);
+    assert!(chained(&primary), "entry not re-inserted: {:?}", plugin_types(&primary));
+    assert_eq!(run.metric("istio_cni_install_ready"), Some(1.0));
+    assert_eq!(run.get(MONITORING_PORT, "/healthz").map(|r| r.0), Ok(200));
+}
+
+#[test]
+fn a_bad_setting_exits_non_zero_naming_the_variable() {
+    let (_cluster, mut installer) = node_with_bridge();
+    let before = snapshot(&installer.net_d);
+    for (key, value) in [("HOST_CNI_BIN_DIR", "relative/path"), ("KUBECONFIG_MODE", "999")] {
+        let bin_dir = installer.bin_dir.display().to_string();
+        installer.env("HOST_CNI_BIN_DIR", &bin_dir).env("KUBECONFIG_MODE", "600").env(key, value);
+        let mut run = installer.start();
+        let status = run.wait_exit();
+        assert!(!status.success(), "{key}={value} was accepted");
+        let log = run.log();
+        assert!(log.contains(key), "{key}={value}: the message does not name the variable:\n{log}");
+    }
+    assert_eq!(snapshot(&installer.net_d), before, "a rejected config touched net.d");
+    assert!(!installer.kubeconfig().exists(), "a rejected config wrote the kubeconfig");
+    let link: PathBuf = std::fs::read_link(installer.bin_dir.join(PLUGIN)).expect("bin dir untouched");
+    assert!(link.is_absolute());
+}
