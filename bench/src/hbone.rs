@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use hbone::MeshCa;
+use istio_contract::ports;
 use serde_json::json;
 use tempfile::TempDir;
-use testbed::hbone_proxy::METRICS_PORT;
 use testbed::mesh::RuleBackend;
 use testbed::node_agent::uid;
 use testbed::NetworkConfigList;
@@ -121,7 +121,7 @@ impl Pods {
     /// Outbound HBONE connections the client's proxy has opened so far.
     fn hbone_opened(&self) -> f64 {
         let netns = self.nodes[0].cluster.node.netns().path();
-        let (_, body) = testbed::http::get(&netns, METRICS_PORT, "/metrics").expect("proxy metrics");
+        let (_, body) = testbed::http::get(&netns, ports::STATS, "/metrics").expect("proxy metrics");
         body.lines()
             .filter(|l| l.starts_with("istio_tcp_connections_opened_total{"))
             .filter(|l| l.contains("direction=\"outbound\"") && l.contains("protocol=\"HBONE\""))

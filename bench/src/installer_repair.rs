@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use istio_contract::names;
 use serde_json::Value;
-use testbed::install_cni::{Installer, PLUGIN};
+use testbed::install_cni::Installer;
 use testbed::Cluster;
 
 use crate::report::Section;
@@ -21,7 +22,7 @@ const LIMIT: Duration = Duration::from_secs(10);
 fn chained(path: &Path) -> bool {
     let Ok(text) = std::fs::read_to_string(path) else { return false };
     let Ok(list) = serde_json::from_str::<Value>(&text) else { return false };
-    list["plugins"].as_array().is_some_and(|p| p.iter().any(|p| p["type"] == PLUGIN))
+    list["plugins"].as_array().is_some_and(|p| p.iter().any(|p| p["type"] == names::PLUGIN_TYPE))
 }
 
 /// Polls `probe` without sleeping (a repair takes about a millisecond; a sleep would dominate the figure).

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use testbed::hbone_proxy::METRICS_PORT;
+use istio_contract::ports;
 use testbed::mesh::RuleBackend;
 use testbed::node_agent::uid;
 use testbed::pod_process::PodProcess;
@@ -36,7 +36,7 @@ fn gauge(text: &str, name: &str) -> Option<f64> {
 
 fn proxy_active(node: &AmbientNode) -> Option<f64> {
     let netns = node.cluster.node.netns().path();
-    let (_, body) = testbed::http::get(&netns, METRICS_PORT, "/metrics").ok()?;
+    let (_, body) = testbed::http::get(&netns, ports::STATS, "/metrics").ok()?;
     gauge(&body, "workload_manager_active_proxy_count")
 }
 

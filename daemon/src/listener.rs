@@ -72,8 +72,8 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, Error> {
 }
 
 /// Accepts connections on `listener` until `drain` is signalled, then closes it. Each connection runs
-/// `handle(connection, drain)` on its own task; the watcher it gets holds the drain open until the task ends, and
-/// tells it when to stop. At most `max_connections` run at once: one more is closed as soon as it is accepted.
+/// `handle(connection, drain)` on its own task, which holds the drain open until it ends; the watcher tells it when
+/// to stop. At most `max_connections` run at once: one more is closed as soon as it is accepted.
 /// `name` says which server it is in logs.
 pub async fn serve<L, H, F>(listener: L, name: &'static str, max_connections: usize, drain: DrainWatcher, mut handle: H)
 where
@@ -125,10 +125,12 @@ where
             }
             continue;
         };
+        // The guard holds the drain open while the connection is served, whether or not `handle` keeps its watcher.
+        let guard = drain.guard();
         let work = handle(conn, drain.clone());
         tokio::spawn(async move {
             work.await;
-            drop(permit);
+            drop((permit, guard));
         });
     }
     tracing::debug!(server = name, "stopped accepting");

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use istio_contract::ports;
 use serde_json::{json, Value};
-use testbed::hbone_proxy::{Proxy, METRICS_PORT};
+use testbed::hbone_proxy::Proxy;
 use testbed::install_cni::Installer;
 use testbed::mesh::sidecar_pod;
 use testbed::node_agent::{ambient_pod, namespace, redirection, uid, NodeAgent};
@@ -76,7 +77,10 @@ pub fn run() -> Result<(), Stop> {
     let mut installer = Installer::new(&cluster);
     // Its probe and metrics ports move aside: the node agent serves the default ones in the same (node) netns.
     let readiness_port = INSTALLER_READINESS_PORT.to_string();
-    installer.env("AMBIENT_ENABLED", "true").env("READINESS_PORT", &readiness_port).env("MONITORING_PORT", "15015");
+    installer
+        .env("AMBIENT_ENABLED", "true")
+        .env("READINESS_PORT", &readiness_port)
+        .env("MONITORING_PORT", "15015");
     track_dir(installer.sa.path().to_path_buf());
     if let Some(scratch) = installer.source_dir.parent() {
         track_dir(scratch.to_path_buf());
@@ -144,7 +148,7 @@ fn show_traffic(cluster: &Cluster, proxy: &Proxy, client: &Pod, server: &Pod) ->
     ));
     let node = cluster.node.netns().path();
     let handshake = wait_for("the proxy's HBONE connect histogram counts the connection", LIMIT, || {
-        let (status, body) = testbed::http::get(&node, METRICS_PORT, "/metrics").ok()?;
+        let (status, body) = testbed::http::get(&node, ports::STATS, "/metrics").ok()?;
         let value = |name: &str| body.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok());
         let count = value("hbone_connect_duration_seconds_count ")?;
         (status == 200 && count >= 1.0).then_some(value("hbone_connect_duration_seconds_sum ")? / count)

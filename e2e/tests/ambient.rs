@@ -3,11 +3,12 @@
 
 use std::net::{SocketAddr, SocketAddrV4};
 
+use istio_contract::{ports, proxy};
 use serde_json::{json, Value};
-use testbed::mesh::{plain_pod, RuleBackend, INBOUND_PORT, OUTBOUND_PORT};
+use testbed::mesh::{plain_pod, RuleBackend};
 use testbed::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, Reply, RequestKind,
-    ZdsPeer, DATAPLANE_MODE, PROBE_SNAT_V4, PROXY_MARK,
+    ZdsPeer, DATAPLANE_MODE, PROBE_SNAT_V4,
 };
 use testbed::runtime::RuntimeError;
 use testbed::wait::eventually;
@@ -118,14 +119,14 @@ fn outbound_lands_on_a_15001_listener_opened_from_the_received_fd_and_proxy_mark
         let db = run(c, &plain_pod(NS, "db"));
         let web_ns = peer.netns(&uid(c, NS, "web"));
 
-        let proxy = testbed::tcp::listen_in(web_ns, OUTBOUND_PORT, false);
+        let proxy = testbed::tcp::listen_in(web_ns, ports::OUTBOUND, false);
         web.netns.connect_tcp(SocketAddr::V4(v4(db.ip, APP_PORT)), None).expect("app connects");
         let got = proxy.accepted();
-        assert_eq!(got.local.port(), OUTBOUND_PORT);
+        assert_eq!(got.local.port(), ports::OUTBOUND);
         assert_eq!(got.original_dst, Some(v4(db.ip, APP_PORT)), "{backend:?}: original destination");
 
         let app = db.netns.listen_tcp(APP_PORT);
-        web.netns.connect_tcp_marked(v4(db.ip, APP_PORT), PROXY_MARK).expect("proxy-marked connect");
+        web.netns.connect_tcp_marked(v4(db.ip, APP_PORT), proxy::PROXY_MARK).expect("proxy-marked connect");
         let got = app.accepted();
         assert_eq!(got.peer.ip(), std::net::IpAddr::V4(web.ip), "{backend:?}: reached the real app, from web");
     });
@@ -137,10 +138,10 @@ fn inbound_to_an_ambient_pod_lands_on_15006() {
         let web = run(c, &ambient_pod(NS, "web"));
         let db = run(c, &plain_pod(NS, "db"));
 
-        let proxy = testbed::tcp::listen_in(peer.netns(&uid(c, NS, "web")), INBOUND_PORT, false);
+        let proxy = testbed::tcp::listen_in(peer.netns(&uid(c, NS, "web")), ports::INBOUND_PLAINTEXT, false);
         db.netns.connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("db connects to web");
         let got = proxy.accepted();
-        assert_eq!(got.local.port(), INBOUND_PORT);
+        assert_eq!(got.local.port(), ports::INBOUND_PLAINTEXT);
         assert_eq!(got.original_dst, Some(v4(web.ip, APP_PORT)), "original destination");
         assert_eq!(got.peer.ip(), std::net::IpAddr::V4(db.ip));
     });
@@ -181,7 +182,7 @@ fn after_the_agent_stops_enrolled_pods_keep_their_rules_and_new_pods_fail_closed
     let status = agent.terminate();
     assert!(status.success(), "node-agent exits cleanly on SIGTERM: {status}\n{}", agent.log());
 
-    let proxy = testbed::tcp::listen_in(peer.netns(&uid(&c, NS, "web")), OUTBOUND_PORT, false);
+    let proxy = testbed::tcp::listen_in(peer.netns(&uid(&c, NS, "web")), ports::OUTBOUND, false);
     web.netns.connect_tcp(SocketAddr::V4(v4(c.node.gateway(), APP_PORT)), None).expect("app connects");
     assert_eq!(proxy.accepted().original_dst, Some(v4(c.node.gateway(), APP_PORT)), "still redirected");
 
@@ -217,7 +218,7 @@ fn a_pod_deleted_through_the_api_is_removed_from_the_proxy_and_the_probe_set() {
     assert_eq!(fresh.received().len(), 1, "only SnapshotSent: {:?}", fresh.received());
     // The in-pod rules stay (the netns goes away with the pod), so the host's connection lands on 15006,
     // now from the node's own address.
-    let proxy = testbed::tcp::listen_in(peer.netns(&id), INBOUND_PORT, false);
+    let proxy = testbed::tcp::listen_in(peer.netns(&id), ports::INBOUND_PLAINTEXT, false);
     c.node.netns().connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("host connects");
     assert_eq!(proxy.accepted().peer.ip(), std::net::IpAddr::V4(c.node.gateway()), "no probe SNAT any more");
 }

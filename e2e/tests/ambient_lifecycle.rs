@@ -13,8 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use istio_contract::ports;
 use serde_json::{json, Value};
-use testbed::mesh::{annotate, plain_pod, sidecar_pod, RuleBackend, OUTBOUND_PORT};
+use testbed::mesh::{annotate, plain_pod, sidecar_pod, RuleBackend};
 use testbed::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind,
     ZdsPeer, BROKEN_POD_LABEL, CONNMARK_RULE, DATAPLANE_MODE, VALIDATION_CONTAINER,
@@ -560,6 +561,37 @@ fn label_mode_labels_a_broken_pod_once_and_keeps_it() {
 }
 
 #[test]
+fn enrollment_and_the_repair_controller_share_one_watch_of_the_nodes_pods() {
+    // Ambient on and repair on: two consumers of this node's pods.
+    let (c, agent) = ambient_node(RuleBackend::Nftables, NS, &[("REPAIR_LABEL_PODS", "true")]);
+    let labelled = |name: &str| {
+        c.api
+            .get("Pod", Some(NS), name)
+            .and_then(|p| p["metadata"]["labels"][BROKEN_POD_LABEL].as_str().map(String::from))
+    };
+    // Both consumers' watches must be open: the repair controller may have listed the first broken pod, but it
+    // gets the second one, stored after the first is labelled, from its open watch; enrollment (synced before
+    // ready) gets all four events (two adds, two labels) from its open watch.
+    c.api.upsert(crash_looping_pod("stuck", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
+    eventually_or("the first broken pod is labelled", || labelled("stuck"), || agent.log());
+    c.api.upsert(crash_looping_pod("stuck-2", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
+    eventually_or("the second broken pod is labelled", || labelled("stuck-2"), || agent.log());
+    let updates = "nodeagent_reconcile_events_total{type=\"update\"}";
+    eventually_or(
+        "enrollment sees the four pod events",
+        || agent.metric(updates).filter(|n| *n >= 4),
+        || agent.metrics(),
+    );
+
+    let log = agent.log();
+    assert_eq!(c.api.open_watches("pods"), 1, "enrollment and repair must share one pod watch; log:\n{log}");
+    assert_eq!(c.api.open_watches("namespaces"), 1, "the enablement selectors' namespace watch; log:\n{log}");
+    let node_pods: Vec<_> = c.api.requests().into_iter().filter(|r| r.path == "/api/v1/pods").collect();
+    let watches = node_pods.iter().filter(|r| r.is_watch()).count();
+    assert_eq!((node_pods.len() - watches, watches), (1, 1), "one list and one watch of this node's pods");
+}
+
+#[test]
 fn with_repair_disabled_a_broken_pod_is_left_alone() {
     let c = Cluster::with_backend(RuleBackend::Nftables);
     c.api.upsert(namespace(NS, json!({}))).expect("store namespace");
@@ -634,10 +666,10 @@ fn repair_pods_programs_the_sidecar_rules_into_a_broken_pods_netns_and_skips_pod
         || (agent.metric(REPAIRED_IN_PLACE) == Some(1)).then_some(()),
         || agent.log(),
     );
-    let proxy = web.netns.listen_tcp(OUTBOUND_PORT);
+    let proxy = web.netns.listen_tcp(ports::OUTBOUND);
     web.netns.connect_tcp(SocketAddr::new(db.ip.into(), 8080), Some(1000)).expect("app connects");
     let got = proxy.accepted();
-    assert_eq!(got.local.port(), OUTBOUND_PORT);
+    assert_eq!(got.local.port(), ports::OUTBOUND);
     assert_eq!(got.original_dst, Some(SocketAddrV4::new(db.ip, 8080)));
     assert!(web.netns.exec_ok(&["nft", "list", "tables"]).contains("istio-proxy-nat"));
 

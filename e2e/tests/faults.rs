@@ -18,12 +18,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fake_apiserver::Fault;
+use istio_contract::{names, ports};
 use serde_json::{json, Value};
-use testbed::install_cni::{Installer, PLUGIN, READINESS_PORT};
+use testbed::install_cni::Installer;
 use testbed::mesh::RuleBackend;
 use testbed::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, crash_looping_pod, namespace, netns_id, redirection, uid, NodeAgent,
-    RequestKind, ZdsPeer, CONNMARK_RULE, REDIRECTION_ANNOTATION, VALIDATION_CONTAINER,
+    RequestKind, ZdsPeer, CONNMARK_RULE, VALIDATION_CONTAINER,
 };
 use testbed::pod_process::PodProcess;
 use testbed::runtime::RuntimeError;
@@ -346,7 +347,7 @@ fn an_enrolled_pod_whose_netns_is_gone_at_restart_is_kept_then_re_enrolled_or_re
     let mut ids = Vec::new();
     for (n, name) in ["web", "db"].into_iter().enumerate() {
         let mut pod = ambient_pod(NS, name);
-        pod["metadata"]["annotations"] = json!({ REDIRECTION_ANNOTATION: "enabled" });
+        pod["metadata"]["annotations"] = json!({ names::AMBIENT_REDIRECTION: "enabled" });
         pod["status"] = pod_status(spare_ip(&c, n as u8));
         c.create(&pod);
         ids.push(uid(&c, NS, name));
@@ -439,7 +440,7 @@ fn on_a_full_conf_dir_the_primary_conflist_stays_intact_and_install_cni_is_not_r
     std::fs::write(&primary, &bridge_only).expect("write the primary");
     let run = installer.start();
     run.wait_readyz(200);
-    assert_eq!(plugin_types(&primary), Ok(vec!["bridge".to_owned(), PLUGIN.to_owned()]));
+    assert_eq!(plugin_types(&primary), Ok(vec!["bridge".to_owned(), names::PLUGIN_TYPE.to_owned()]));
 
     // The disk fills up; then another writer rewrites the primary in place without our entry (truncating a
     // file frees its pages, so its shorter write fits).
@@ -459,9 +460,9 @@ fn on_a_full_conf_dir_the_primary_conflist_stays_intact_and_install_cni_is_not_r
         .filter(|n| n != ".filler" && n != "10-bridge.conflist")
         .collect();
     assert!(left.is_empty(), "the failed write left files behind: {left:?}");
-    assert!(run.get(READINESS_PORT, "/healthz").is_ok_and(|(s, _)| s == 200), "alive while not ready");
+    assert!(run.get(ports::CNI_READINESS, "/healthz").is_ok_and(|(s, _)| s == 200), "alive while not ready");
 
     std::fs::remove_file(&filler).expect("free the space");
     run.wait_readyz(200);
-    assert_eq!(plugin_types(&primary), Ok(vec!["bridge".to_owned(), PLUGIN.to_owned()]), "{}", run.log());
+    assert_eq!(plugin_types(&primary), Ok(vec!["bridge".to_owned(), names::PLUGIN_TYPE.to_owned()]), "{}", run.log());
 }

@@ -4,7 +4,7 @@
 //! holding a real bridge conflist, then uninstalls it when stopped.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -41,22 +41,16 @@ fn run(mut cmd: Command, deadline: Duration) -> Output {
     let what = format!("{:?}", cmd.get_program());
     let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     let mut child: Child = child.unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    let end = Instant::now() + deadline;
+    let start = Instant::now();
     let outputs = {
         let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
         let out = std::thread::spawn(move || read_all(&mut out));
         let err = std::thread::spawn(move || read_all(&mut err));
         (out, err)
     };
-    let status: ExitStatus = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() >= end {
-            let _ = child.kill();
-            panic!("{what} did not finish within {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let Some(status) = testbed::wait::exit_within(&mut child, start, deadline) else {
+        let _ = child.kill();
+        panic!("{what} did not finish within {deadline:?}");
     };
     Output { status, stdout: outputs.0.join().unwrap(), stderr: outputs.1.join().unwrap() }
 }

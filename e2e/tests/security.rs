@@ -12,8 +12,9 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+use istio_contract::paths;
 use serde_json::json;
-use testbed::install_cni::{Installer, KUBECONFIG_NAME};
+use testbed::install_cni::Installer;
 use testbed::mesh::RuleBackend;
 use testbed::node_agent::{ambient_conflist, ambient_node, ambient_pod, namespace, redirection, NodeAgent, ZdsPeer};
 use testbed::Cluster;
@@ -136,7 +137,7 @@ fn install_cni_at_trace_keeps_the_token_out_of_its_log_and_the_kubeconfig_out_of
 
     let kubeconfig = installer.kubeconfig();
     assert_eq!(kubeconfig.parent(), Some(installer.run_dir.as_path()), "the kubeconfig lives in the run dir");
-    assert_eq!(kubeconfig.file_name().and_then(|n| n.to_str()), Some(KUBECONFIG_NAME));
+    assert_eq!(kubeconfig.file_name().and_then(|n| n.to_str()), Some(paths::KUBECONFIG_FILE));
     assert_eq!(mode(&kubeconfig), 0o600, "kubeconfig mode {:o}", mode(&kubeconfig));
     for entry in std::fs::read_dir(&installer.net_d).unwrap() {
         let path = entry.unwrap().path();

@@ -8,10 +8,7 @@ use kube::ResourceExt;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 use support::client_from_kubeconfig;
-
-const DEADLINE: Duration = Duration::from_secs(30);
 
 const SEED: &str = r#"
 apiVersion: v1
@@ -43,11 +40,7 @@ impl Drop for ChildGuard {
 }
 
 fn wait_for_file(path: &Path) {
-    let start = Instant::now();
-    while !path.exists() {
-        assert!(start.elapsed() < DEADLINE, "{} was not written in time", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    testbed::wait::eventually(&format!("{} is written", path.display()), || path.exists().then_some(()));
 }
 
 #[tokio::test]
@@ -83,13 +76,6 @@ async fn binary_serves_seed_and_stops_on_sigterm() {
 
     let status = Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
     assert!(status.success());
-    let start = Instant::now();
-    let exit = loop {
-        if let Some(exit) = child.0.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(start.elapsed() < DEADLINE, "the server did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = testbed::wait::eventually("the server exits after SIGTERM", || child.0.try_wait().unwrap());
     assert!(exit.success(), "clean exit on SIGTERM: {exit:?}");
 }

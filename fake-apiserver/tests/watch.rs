@@ -197,11 +197,7 @@ async fn raw_watch_expiry_bookmarks_and_timeout() {
 
 /// Polls `count` until it equals `want`, failing after [`EVENT_DEADLINE`].
 async fn until_count(what: &str, want: usize, count: impl Fn() -> usize) {
-    let deadline = tokio::time::Instant::now() + EVENT_DEADLINE;
-    while count() != want {
-        assert!(tokio::time::Instant::now() < deadline, "{what}: {} open watches, expected {want}", count());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    testbed::wait::eventually_async(&format!("{what}: {want} open watches"), || (count() == want).then_some(())).await;
 }
 
 #[tokio::test]

@@ -9,9 +9,11 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use fuzz::cniconf::{find_primary, insert, remove_entry, standalone, ConfForm, PluginEntry, PLUGIN_TYPE};
+use installer::cniconf::{find_primary, insert, remove_entry, standalone, ConfForm, PluginEntry, PLUGIN_TYPE};
+use istio_contract::enablement::Selectors;
+use istio_contract::paths;
 use libfuzzer_sys::fuzz_target;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// A scratch conf dir in tmpfs, so discovery reads real files at memory speed.
 fn conf_dir() -> &'static Path {
@@ -38,9 +40,9 @@ fn list_entry(entry: &PluginEntry) -> Value {
 fn entry() -> PluginEntry {
     PluginEntry {
         plugin_log_level: "info".into(),
-        cni_agent_run_dir: "/var/run/istio-cni".into(),
+        cni_agent_run_dir: paths::RUN_DIR.into(),
         ambient_enabled: true,
-        enablement_selectors: json!([{ "podSelector": { "matchLabels": { "istio.io/dataplane-mode": "ambient" } } }]),
+        enablement_selectors: Selectors::default().to_json(),
         exclude_namespaces: Some(vec!["kube-system".into()]),
         pod_namespace: "istio-system".into(),
         native_nftables: false,

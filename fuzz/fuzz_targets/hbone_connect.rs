@@ -1,4 +1,4 @@
-//! The HBONE server's check of a CONNECT request (`hbone::server::check_connect`, what `serve` runs on every
+//! The HBONE server's check of a CONNECT request (`hbone::connect::check_connect`, what `serve` runs on every
 //! stream). The first byte picks the address the client dialled; the rest is `METHOD SP target`, and the target
 //! is tried both as h2 hands a plain CONNECT over (authority only) and as a full URI. Invariants: only a
 //! CONNECT to `local`'s own IP on a port that does not loop into the proxy is accepted, and what is accepted is
@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 
-use fuzz::hbone_connect::{check_connect, ILLEGAL_TARGET_PORTS};
+use hbone::connect::{check_connect, ILLEGAL_TARGET_PORTS};
 use http::{Method, StatusCode, Uri};
 use libfuzzer_sys::fuzz_target;
 

@@ -4,8 +4,8 @@
 
 #![no_main]
 
-use fuzz::identity::Identity;
-use fuzz::workload::parse_local_config;
+use hbone::Identity;
+use hbone_proxy::directory::parse_local_config;
 use libfuzzer_sys::fuzz_target;
 
 const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";

@@ -6,7 +6,7 @@
 #![no_main]
 
 use cni::{result, CniError, Version, SUPPORTED_VERSIONS};
-use fuzz::plugin_config::PluginConf;
+use plugin::config::PluginConf;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

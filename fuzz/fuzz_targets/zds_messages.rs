@@ -5,7 +5,7 @@
 
 #![no_main]
 
-use fuzz::zds_messages::{WorkloadRequest, WorkloadResponse, ZdsHello};
+use zds::messages::{WorkloadRequest, WorkloadResponse, ZdsHello};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 

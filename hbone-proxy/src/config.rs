@@ -5,15 +5,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
-use daemon::common_args::CommonArgs;
+use daemon::common_args::{parse_duration, CommonArgs};
+use daemon::lifecycle::Daemon;
+use daemon::probes::Paths;
+use istio_contract::ports;
 
-/// Readiness port of Istio's proxies (`/healthz/ready`).
-pub const READINESS_PORT: &str = "15021";
-/// Metrics port of Istio's proxies (`/metrics`).
-pub const METRICS_PORT: &str = "15020";
-
-/// Port of Istio's proxy admin endpoint (`/config_dump`), served on 127.0.0.1 only.
-pub const ADMIN_PORT: &str = "15000";
+/// Istio's proxy probe paths: the kubelet probes `/healthz/ready` (on 15021), Prometheus scrapes `/metrics` (on
+/// 15020); no liveness path.
+const PROBE_PATHS: Paths = Paths { live: None, ready: "/healthz/ready", metrics: "/metrics" };
 
 /// Whether pods accept plaintext inbound traffic, as the `mtls.mode` of a mesh-wide Istio PeerAuthentication.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -47,9 +46,6 @@ pub struct Config {
     /// Whether enrolled pods found through the Kubernetes API (kubeconfig or in-cluster) are mesh destinations.
     #[arg(long, env = "KUBE_WORKLOADS", default_value_t = true, action = ArgAction::Set)]
     pub kube_workloads: bool,
-    /// On SIGTERM, how long open connections may take to finish (a Go duration such as `5s` or `1m30s`).
-    #[arg(long, env = "CONNECTION_TERMINATION_DEADLINE", default_value = "5s", value_parser = parse_duration)]
-    pub termination_deadline: Duration,
     /// Upstream resolvers of the in-pod DNS forwarder (comma-separated `ip[:port]`); by default the
     /// nameservers of the host's /etc/resolv.conf, read at startup.
     #[arg(long, env = "DNS_UPSTREAMS", value_delimiter = ',', value_parser = crate::dns::parse_upstream)]
@@ -61,9 +57,10 @@ pub struct Config {
     #[arg(long, env = "MTLS_MODE", value_enum, default_value = "PERMISSIVE", ignore_case = true)]
     pub mtls_mode: MtlsMode,
     /// Port of the admin endpoint (`/config_dump`) on 127.0.0.1.
-    #[arg(long, env = "ADMIN_PORT", default_value = ADMIN_PORT)]
+    #[arg(long, env = "ADMIN_PORT", default_value_t = ports::ADMIN)]
     pub admin_port: u16,
-    /// Probe ports and logging, with Istio's proxy ports as defaults.
+    /// Probe ports, logging and the termination deadline (`CONNECTION_TERMINATION_DEADLINE`), with Istio's proxy
+    /// ports as defaults.
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -71,51 +68,55 @@ pub struct Config {
 impl Config {
     /// Parses flags and env, defaulting the shared probe ports to Istio's proxy ports (15021, 15020).
     pub fn from_env_and_args() -> Self {
-        let command = Self::command()
-            .mut_arg("readiness_port", |arg| arg.default_value(READINESS_PORT))
-            .mut_arg("monitoring_port", |arg| arg.default_value(METRICS_PORT));
-        Self::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
+        Self::from_arg_matches(&Self::command_with_proxy_ports().get_matches()).unwrap_or_else(|e| e.exit())
+    }
+
+    fn command_with_proxy_ports() -> clap::Command {
+        Self::command()
+            .mut_arg("readiness_port", |arg| arg.default_value(ports::READINESS.to_string()))
+            .mut_arg("monitoring_port", |arg| arg.default_value(ports::STATS.to_string()))
     }
 }
 
-/// Parses a Go-style duration (`5s`, `500ms`, `1m30s`), the form Istio's environment variables take.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let invalid = || format!("{text:?} is not a duration such as 5s, 500ms or 1m30s");
-    let mut total = Duration::ZERO;
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(invalid());
+/// What the shared main needs to run the proxy: its settings and Istio's probe paths.
+impl Daemon for Config {
+    const NAME: &'static str = "hbone-proxy";
+    const PROBE_PATHS: Paths = PROBE_PATHS;
+
+    fn parse() -> Self {
+        Config::from_env_and_args()
     }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().map_err(|_| invalid())?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(invalid()),
-        };
-        rest = &rest[unit_len..];
-        total += Duration::from_secs_f64(number * scale);
+
+    fn common(&self) -> &CommonArgs {
+        &self.common
     }
-    Ok(total)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        let matches = Config::command_with_proxy_ports().try_get_matches_from(std::iter::once("hbone-proxy").chain(args.iter().copied()))?;
+        Config::from_arg_matches(&matches)
+    }
+
+    #[test]
+    fn defaults_are_istios_proxy_ports_and_durations() {
+        let config = parse(&[]).unwrap();
+        assert_eq!((config.common.readiness_port, config.common.monitoring_port), (ports::READINESS, ports::STATS));
+        assert_eq!(config.admin_port, ports::ADMIN);
+        assert_eq!(config.common.termination_deadline, Duration::from_secs(5));
+        assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
+    }
+
     #[test]
     fn go_durations_parse_and_junk_is_refused() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        let config = parse(&["--termination-deadline", "1m30s", "--secret-ttl", "1.5s"]).unwrap();
+        assert_eq!(config.common.termination_deadline, Duration::from_secs(90));
+        assert_eq!(config.secret_ttl, Duration::from_millis(1500));
         for junk in ["", "5", "s", "5x", "-1s"] {
-            assert!(parse_duration(junk).is_err(), "{junk:?} accepted");
+            assert!(parse(&["--secret-ttl", junk]).is_err(), "{junk:?} accepted");
         }
     }
 }

@@ -4,9 +4,7 @@
 mod admin;
 mod config;
 mod context;
-mod directory;
 mod dns;
-mod endpoints;
 mod inbound;
 mod mesh;
 mod metrics;
@@ -15,14 +13,15 @@ mod pod;
 mod sockets;
 mod workloads;
 
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::process::ExitCode;
+use std::sync::Arc;
 
-use anyhow::Context;
-use daemon::drain::{Drain, DrainMode};
-use daemon::probes::ProbeState;
+use anyhow::Context as _;
+use daemon::lifecycle::Context;
 use hbone::{MeshCa, MeshTls};
+// The workload directory lives in the library (the fuzz targets build its parser too); `crate::directory` is it.
+use hbone_proxy::directory;
 
 use crate::config::Config;
 use crate::directory::Directory;
@@ -32,14 +31,11 @@ use crate::workloads::Workloads;
 /// The host's resolver configuration: the DNS upstreams when `DNS_UPSTREAMS` is not set.
 const RESOLV_CONF: &str = "/etc/resolv.conf";
 
-fn main() -> anyhow::Result<()> {
-    let config = Config::from_env_and_args();
-    config.common.init_logging();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
-    runtime.block_on(run(config))
+fn main() -> ExitCode {
+    daemon::lifecycle::main(run)
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let ca = match &config.ca_dir {
         Some(dir) => MeshCa::load(dir).context("loading the mesh CA")?,
         None => MeshCa::load_or_create(&config.state_dir, &config.trust_domain).context("self-signed mesh CA")?,
@@ -56,44 +52,33 @@ async fn run(config: Config) -> anyhow::Result<()> {
         // In the background: an unreachable API must not hold up the pods' proxies.
         tokio::spawn(directory::kube_source::watch_inferred(directory.clone()));
     }
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = metrics::Metrics::register(&mut registry);
-    let probes = ProbeState::new(Arc::new(Mutex::new(registry)));
-    for port in [config.common.readiness_port, config.common.monitoring_port] {
-        let addr = SocketAddr::new(config.common.listen_address, port);
-        endpoints::serve(addr, probes.clone()).await.with_context(|| format!("binding {addr}"))?;
-    }
+    let metrics = ctx.probes.with_registry(metrics::Metrics::register);
     let dns = dns::Upstreams::new(&config.dns_upstreams, Path::new(RESOLV_CONF)).context("DNS upstreams")?;
     tracing::info!(upstreams = ?dns.addrs(), "DNS forwarder upstreams");
-    let (drain, watcher) = Drain::new();
-    let deadline = config.termination_deadline;
+    let deadline = config.common.termination_deadline;
     let mesh = Arc::new(Mesh {
         ca,
         tls,
         directory,
         dns,
         metrics,
-        drain: watcher,
+        drain: ctx.drain.clone(),
         termination_deadline: deadline,
         mtls_mode: config.mtls_mode,
     });
     tracing::info!(mode = ?config.mtls_mode, secret_ttl = ?config.secret_ttl, "mesh policy");
-    let workloads = Workloads::new(mesh, probes);
-    admin::serve(config.admin_port, workloads.view())
+    let workloads = Workloads::new(mesh, &ctx.probes);
+    admin::serve(config.admin_port, workloads.view(), ctx.drain)
         .await
-        .with_context(|| format!("binding the admin port 127.0.0.1:{}", config.admin_port))?;
-    let shutdown = daemon::signals::shutdown_signal()?;
+        .with_context(|| format!("the admin port 127.0.0.1:{}", config.admin_port))?;
+    // From here on, the workloads' own blocker tells readiness.
+    ctx.startup.clear();
     tokio::select! {
         () = workloads.run(&config.inpod_uds) => {}
-        signal = shutdown => tracing::info!(?signal, ?deadline, "shutting down: draining connections"),
+        signal = ctx.shutdown => tracing::info!(?signal, ?deadline, "shutting down: draining connections"),
     }
+    // Dropping the workloads closes every listener and sends GOAWAY on the inbound HBONE connections; open
+    // connections may finish until the deadline (the shared main's drain), and are cut when the process exits.
     drop(workloads);
-    // Dropping the workloads closed every listener and sent GOAWAY on the inbound HBONE connections; open
-    // connections may finish until the deadline, and are cut when the process exits.
-    drain.start(DrainMode::Graceful);
-    match tokio::time::timeout(deadline, drain.drained()).await {
-        Ok(()) => tracing::info!("all connections finished"),
-        Err(_) => tracing::warn!(?deadline, "connections still open at the termination deadline: closing them"),
-    }
     Ok(())
 }

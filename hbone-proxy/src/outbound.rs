@@ -11,9 +11,9 @@ use istio_contract::ports;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use crate::context::PodContext;
 use crate::directory::Protocol;
 use crate::metrics::Direction;
-use crate::context::PodContext;
 use crate::sockets;
 
 /// Proxies one captured outbound connection until both sides are done.

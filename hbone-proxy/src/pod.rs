@@ -11,6 +11,8 @@ use hbone::{Baggage, ConnectObserver, Identity, InboundTls, Pool, PoolConfig, Se
 use istio_contract::ports;
 use netns::Netns;
 use serde_json::{json, Value};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -159,8 +161,8 @@ impl PodProxy {
             "ips": self.ips,
             "identity": cert.identity().to_string(),
             "certificate": {
-                "issued_at": crate::admin::rfc3339(cert.issued_at()),
-                "expires_at": crate::admin::rfc3339(cert.expires_at()),
+                "issued_at": rfc3339(cert.issued_at()),
+                "expires_at": rfc3339(cert.expires_at()),
                 "expires_at_unix": unix_seconds(cert.expires_at()),
             },
         })
@@ -191,7 +193,7 @@ async fn rotate_certs(ctx: Arc<PodContext>, identity: Identity, certs: ServerCer
         });
         match rotated {
             Ok(cert) => {
-                tracing::info!(uid = ctx.uid, %identity, expires_at = %crate::admin::rfc3339(cert.expires_at()), "workload certificate rotated");
+                tracing::info!(uid = ctx.uid, %identity, expires_at = %rfc3339(cert.expires_at()), "workload certificate rotated");
                 ctx.replace_cert(cert);
             }
             Err(error) => {
@@ -200,6 +202,12 @@ async fn rotate_certs(ctx: Arc<PodContext>, identity: Identity, certs: ServerCer
             }
         }
     }
+}
+
+/// `at` as an RFC 3339 UTC timestamp with whole seconds (`2026-11-30T10:18:13Z`), as `/config_dump` and the
+/// logs show certificate times.
+fn rfc3339(at: SystemTime) -> String {
+    OffsetDateTime::from(at).truncate_to_second().format(&Rfc3339).unwrap_or_default()
 }
 
 fn unix_seconds(at: SystemTime) -> u64 {
@@ -232,5 +240,19 @@ where
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_times_are_rfc3339_utc_in_whole_seconds() {
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_033_893_250);
+        assert_eq!(rfc3339(at), "2026-11-30T10:18:13Z");
+        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");
     }
 }

@@ -7,11 +7,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
+use istio_contract::proxy::PROXY_MARK;
 use netns::Netns;
 use nix::sys::socket::{
     bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage,
 };
-use istio_contract::proxy::PROXY_MARK;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// How long an upstream connect may take.

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use daemon::probes::ProbeState;
+use daemon::probes::{Blocker, ProbeState};
 use netns::Netns;
 use serde_json::{json, Value};
 use zds::messages::workload_request::Payload;
@@ -25,6 +25,8 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often pods whose proxy failed to start are tried again.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+/// Why the proxy is not ready before it has a snapshot.
+const WAITING_FOR_SNAPSHOT: &str = "waiting for the node agent's snapshot";
 
 /// A pod the agent sent whose proxy could not start yet.
 #[derive(Debug)]
@@ -54,7 +56,8 @@ pub struct Workloads {
 #[derive(Debug)]
 struct Inner {
     mesh: Arc<Mesh>,
-    probes: ProbeState,
+    /// Blocks readiness until the first snapshot is applied and while pods are pending.
+    ready: Blocker,
     state: Mutex<State>,
 }
 
@@ -71,10 +74,11 @@ impl View {
 }
 
 impl Workloads {
-    /// No pods yet; not ready until the first snapshot has been applied.
-    pub fn new(mesh: Arc<Mesh>, probes: ProbeState) -> Self {
-        probes.set_not_ready("waiting for the node agent's snapshot");
-        Workloads { inner: Arc::new(Inner { mesh, probes, state: Mutex::default() }) }
+    /// No pods yet; registers the `workloads` readiness blocker in `probes`, which blocks until the first
+    /// snapshot has been applied.
+    pub fn new(mesh: Arc<Mesh>, probes: &ProbeState) -> Self {
+        let ready = probes.blocker("workloads", WAITING_FOR_SNAPSHOT);
+        Workloads { inner: Arc::new(Inner { mesh, ready, state: Mutex::default() }) }
     }
 
     /// A handle for the admin endpoint.
@@ -244,11 +248,11 @@ impl Workloads {
         metrics.active_proxies.set(state.pods.len() as i64);
         metrics.pending_proxies.set(state.pending.len() as i64);
         if !state.synced {
-            self.inner.probes.set_not_ready("waiting for the node agent's snapshot");
+            self.inner.ready.block(WAITING_FOR_SNAPSHOT);
         } else if !state.pending.is_empty() {
-            self.inner.probes.set_not_ready(format!("{} pod proxies failed to start; retrying", state.pending.len()));
+            self.inner.ready.block(format!("{} pod proxies failed to start; retrying", state.pending.len()));
         } else {
-            self.inner.probes.set_ready();
+            self.inner.ready.clear();
         }
     }
 }

@@ -102,7 +102,8 @@ fn pods_on_two_nodes_talk_over_hbone_with_the_clients_ip_preserved() {
     let (a_data, b_data) = (Payload::new(1, CAPTURED).marked(), Payload::new(2, CAPTURED).marked());
     let peer = support::traffic::transfer(listen_on(&b, APP_PORT), || connect_from(&a, b_app), a_data, b_data);
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app on node 2 sees A's IP as the peer");
-    let packets = capture.stop_when("both payloads on the node link", |p| payload_bytes(p, ports::HBONE) > 2 * CAPTURED);
+    let packets =
+        capture.stop_when("both payloads on the node link", |p| payload_bytes(p, ports::HBONE) > 2 * CAPTURED);
     let raw = std::fs::read(&file).expect("read capture");
     assert!(!raw.windows(MARKER.len()).any(|w| w == MARKER), "the plaintext marker crossed the node link");
     let with_payload: Vec<_> = packets.iter().filter(|p| !p.payload.is_empty()).collect();

@@ -60,7 +60,9 @@ fn strict_mtls_mode_refuses_plaintext_inbound_and_permissive_forwards_it() {
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 
     scene.proxy.stop();
-    eventually("the old proxy's listeners are gone", || (!listening(&scene.b.netns, ports::INBOUND_PLAINTEXT)).then_some(()));
+    eventually("the old proxy's listeners are gone", || {
+        (!listening(&scene.b.netns, ports::INBOUND_PLAINTEXT)).then_some(())
+    });
     scene.proxy = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
     assert_eq!(say_hello(&outsider, &scene.b).expect("plaintext in PERMISSIVE mode"), HELLO);
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "PERMISSIVE (the default) forwards plaintext to the app");

@@ -106,8 +106,11 @@ fn assert_only_tls_on_15008(name: &str, capture: Capture, dir: &Path, len: u64) 
         "{name}'s veth carried the plaintext marker: payload crossed in the clear"
     );
     let with_payload: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
-    let off_port: Vec<(u16, u16)> =
-        with_payload.iter().filter(|p| p.sport != ports::HBONE && p.dport != ports::HBONE).map(|p| (p.sport, p.dport)).collect();
+    let off_port: Vec<(u16, u16)> = with_payload
+        .iter()
+        .filter(|p| p.sport != ports::HBONE && p.dport != ports::HBONE)
+        .map(|p| (p.sport, p.dport))
+        .collect();
     assert!(off_port.is_empty(), "{name}'s veth: TCP payload outside port 15008: {off_port:?}");
     let first_to = with_payload.iter().find(|p| p.dport == ports::HBONE).expect("payload towards 15008");
     let first_from = with_payload.iter().find(|p| p.sport == ports::HBONE).expect("payload from 15008");
@@ -182,7 +185,10 @@ fn dual_stack_pods_exchange_mibs_over_ipv6_as_hbone_with_the_clients_ipv6_preser
         let ips = dumped_pod(&dump, name)["ips"].clone();
         assert!(ips.as_array().is_some_and(|ips| ips.contains(&v6.to_string().into())), "{name}'s {v6} in {ips}");
         let v6_listener = pod.netns.exec_ok(&["ss", "-Hltn6", &format!("sport = :{}", ports::HBONE)]);
-        assert!(v6_listener.contains(&format!("[::]:{}", ports::HBONE)), "{name} has an IPv6 HBONE listener: {v6_listener:?}");
+        assert!(
+            v6_listener.contains(&format!("[::]:{}", ports::HBONE)),
+            "{name} has an IPv6 HBONE listener: {v6_listener:?}"
+        );
     }
     let before = hbone_byte_counters(&netns);
     let files = tempfile::tempdir().expect("capture dir");
@@ -217,11 +223,10 @@ fn deleting_a_pod_closes_its_listeners_within_a_second() {
     scene.cluster.api.delete("Pod", Some(NS), "b").expect("pod was stored");
     let stopped = format!("pod proxy stopped uid=\"{b_uid}\"");
     eventually("the proxy stops B's proxy", || scene.proxy.log().contains(&stopped).then_some(()));
-    let since = std::time::Instant::now();
-    while POD_PORTS.iter().any(|port| listening(&scene.b.netns, *port)) {
-        assert!(since.elapsed() < Duration::from_secs(1), "B's listeners still open 1 s after DelWorkload");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let closed = testbed::wait::within(Instant::now(), Duration::from_secs(1), || {
+        (!POD_PORTS.iter().any(|port| listening(&scene.b.netns, *port))).then_some(())
+    });
+    assert!(closed.is_some(), "B's listeners still open 1 s after DelWorkload");
     assert!(listening(&scene.a.netns, ports::HBONE), "A's proxy is untouched");
 }
 

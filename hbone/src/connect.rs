@@ -1,5 +1,6 @@
 //! The rules a CONNECT request must pass before the server tunnels it anywhere, as a pure function of what the
-//! client sent (kept free of the server's runtime, so the fuzz target compiles this very file).
+//! client sent (kept free of the server's runtime: it builds without the `runtime` feature, which is how the fuzz
+//! targets use it).
 
 use std::net::SocketAddr;
 
@@ -14,7 +15,7 @@ pub const ILLEGAL_TARGET_PORTS: [u16; 3] = [ports::OUTBOUND, ports::INBOUND_PLAI
 /// to refuse with: only CONNECT (else 400), to an `ip:port` authority (else 400) whose IP is the one the client
 /// dialled, `local` (else 400), on a port that does not loop back into the proxy (else 503).
 ///
-/// What [`crate::server::serve`] runs on every stream.
+/// What the HBONE server runs on every stream.
 pub fn check_connect(method: &Method, uri: &Uri, local: SocketAddr) -> Result<SocketAddr, StatusCode> {
     if method != Method::CONNECT {
         return Err(StatusCode::BAD_REQUEST);

@@ -15,6 +15,7 @@ use http::StatusCode;
 use istio_contract::ports;
 use ring::digest::{digest, SHA256};
 use ring::rand::{SecureRandom, SystemRandom};
+use testbed::wait::eventually_async;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -459,7 +460,7 @@ async fn pool_respects_the_stream_cap_and_closes_idle_connections() {
         assert_eq!(scene.server.accepted.load(Ordering::SeqCst), 2, "the third stream needed a second connection");
         assert_eq!(pool.connection_count(), 2);
         drop(open);
-        wait_until(|| pool.connection_count() == 0).await;
+        eventually_async("the pool has no connections", || (pool.connection_count() == 0).then_some(())).await;
     })
     .await
 }
@@ -510,7 +511,7 @@ async fn graceful_shutdown_sends_goaway_and_drains_open_streams() {
     within(async {
         let (mut scene, pool, mut open) = shutdown_with_open_stream(Duration::from_secs(20)).await;
         // After GOAWAY the pool no longer gets streams on that connection: it dials a new one.
-        wait_until(|| pool.connection_count() == 0).await;
+        eventually_async("the pool has no connections", || (pool.connection_count() == 0).then_some(())).await;
 
         let mut buf = [0u8; 5];
         open.write_all(b"drain").await.unwrap();
@@ -609,7 +610,7 @@ async fn keepalive_drops_a_connection_whose_peer_stops_answering_pings() {
         assert_eq!(pool.connection_count(), 1);
 
         freeze.send(true).unwrap();
-        wait_until(|| pool.connection_count() == 0).await;
+        eventually_async("the pool has no connections", || (pool.connection_count() == 0).then_some(())).await;
         assert!(stream.read(&mut buf).await.is_err(), "the stream of a dropped connection fails");
     })
     .await
@@ -623,10 +624,3 @@ async fn futures_join<T: Send + 'static>(handles: impl Iterator<Item = tokio::ta
     out
 }
 
-async fn wait_until(mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(tokio::time::Instant::now() < deadline, "condition not met within 10 s");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use daemon::probes::ProbeState;
+use daemon::probes::{Blocker, ProbeState};
 
 use crate::binaries::{self, BinError, InstalledBinary};
 use crate::cniconf::{self, Change, ConfSettings, Desired, Invalid, PluginEntry};
@@ -41,13 +41,15 @@ pub struct Agent {
     installed_conf: Option<PathBuf>,
     journal: Journal,
     metrics: Metrics,
-    probe: ProbeState,
+    /// Blocks readiness while the install is missing or invalid.
+    ready: Blocker,
     fight: FightDetector,
 }
 
 impl Agent {
-    /// Builds the agent from its config; nothing is written yet.
-    pub fn new(config: Config, metrics: Metrics, probe: ProbeState) -> Self {
+    /// Builds the agent from its config and registers its readiness blocker (`install`) in `probes`; nothing is
+    /// written yet.
+    pub fn new(config: Config, metrics: Metrics, probes: &ProbeState) -> Self {
         let settings = ConfSettings {
             chained: config.chained_cni_plugin,
             conf_name: Some(config.cni_conf_name.clone()).filter(|n| !n.is_empty()),
@@ -84,7 +86,7 @@ impl Agent {
             installed_conf: None,
             journal,
             metrics,
-            probe,
+            ready: probes.blocker("install", "not installed yet"),
             fight,
         }
     }
@@ -133,10 +135,9 @@ impl Agent {
         }
         match self.problem() {
             None => {
-                if !self.probe.is_ready() {
+                if self.ready.clear() {
                     tracing::info!("install is valid: ready");
                 }
-                self.probe.set_ready();
                 self.metrics.ready.set(1);
             }
             Some(problem) => self.not_ready(problem),
@@ -144,10 +145,9 @@ impl Agent {
     }
 
     fn not_ready(&self, reason: String) {
-        if self.probe.reason().as_deref() != Some(reason.as_str()) {
+        if self.ready.block(reason.clone()) {
             tracing::warn!(%reason, "not ready");
         }
-        self.probe.set_not_ready(reason);
         self.metrics.ready.set(0);
     }
 
@@ -263,7 +263,7 @@ impl Agent {
     /// Reverts exactly what the journal says we changed: our entry, files we created, a converted `.conf`
     /// (restored byte for byte when nobody else changed the list), the kubeconfig and our binaries.
     pub fn cleanup(&mut self) {
-        self.probe.set_not_ready("uninstalling");
+        self.ready.block("uninstalling");
         self.metrics.ready.set(0);
         let dir = &self.config.mounted_cni_net_dir;
         match cniconf::cleanup(dir, &self.settings) {

@@ -118,6 +118,25 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     s.parse::<u64>().map(Duration::from_secs).map_err(|e| format!("not a number of seconds: {e}"))
 }
 
+/// What the shared main needs to run install-cni: its settings, checks and runtime (one thread: its loop is
+/// sequential).
+impl daemon::lifecycle::Daemon for Config {
+    const NAME: &'static str = "install-cni";
+    const RUNTIME: daemon::lifecycle::Runtime = daemon::lifecycle::Runtime::CurrentThread;
+
+    fn parse() -> Self {
+        Config::load().unwrap_or_else(|e| e.exit())
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        Config::validate(self)
+    }
+
+    fn common(&self) -> &daemon::common_args::CommonArgs {
+        &self.common
+    }
+}
+
 impl Config {
     /// Reads flags and env. The chart's spelling `ISTIO_OWNED_CNI_CONF_FILENAME` is honoured too.
     pub fn load() -> Result<Config, clap::Error> {

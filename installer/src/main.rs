@@ -1,67 +1,48 @@
 //! `install-cni`: installs the istio-cni plugin on this node and keeps it installed until SIGTERM.
 
-use std::sync::{Arc, Mutex};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use daemon::drain::{Drain, DrainMode};
-use daemon::probes::ProbeState;
+use daemon::lifecycle::Context;
 use installer::agent::Agent;
 use installer::config::Config;
 use installer::metrics::Metrics;
 use installer::safe_upgrade::{self, Verdict};
 use notify::{RecursiveMode, Watcher as _};
-use prometheus_client::registry::Registry;
 
 /// Re-check even without events, in case the kernel dropped some (inotify queue overflow).
 const RESYNC: Duration = Duration::from_secs(30);
 
-fn main() {
-    let config = match Config::load() {
-        Ok(c) => c,
-        Err(e) => e.exit(),
-    };
-    if let Err(e) = config.validate() {
-        eprintln!("install-cni: invalid configuration: {e}");
-        std::process::exit(2);
-    }
-    config.common.init_logging();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
-    if let Err(e) = runtime.block_on(run(config)) {
-        tracing::error!("install-cni failed: {e:#}");
-        std::process::exit(1);
-    }
+fn main() -> ExitCode {
+    daemon::lifecycle::main(run)
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
-    tracing::info!(config = ?config, "starting");
-    let mut registry = Registry::default();
-    let metrics = Metrics::register(&mut registry);
-    let probe = ProbeState::new(Arc::new(Mutex::new(registry)));
-    let (drain_trigger, drain) = Drain::new();
-    config.common.serve_probes(&probe, &drain).await?;
-    // Only the servers hold watchers; keeping this one would make every shutdown wait out the drain timeout.
-    drop(drain);
+async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
+    // Only the servers hold watchers; keeping this one would make every shutdown wait out the drain deadline.
+    drop(ctx.drain);
+    let metrics = ctx.probes.with_registry(Metrics::register);
 
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let _ = tx.send(event);
     })
     .context("create file watcher")?;
-    let mut agent = Agent::new(config.clone(), metrics, probe.clone());
+    let mut agent = Agent::new(config.clone(), metrics, &ctx.probes);
     for dir in agent.watched_dirs() {
         if let Err(e) = std::fs::create_dir_all(&dir) {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot create watched dir");
         }
         watcher.watch(&dir, RecursiveMode::NonRecursive).with_context(|| format!("watch {}", dir.display()))?;
     }
-    // Handlers go in before the (possibly slow) first install, so a SIGTERM during it still gets a cleanup.
-    let signal = daemon::signals::shutdown_signal()?;
+    // The signal handlers are in (the shared main installs them first), so a SIGTERM during the possibly slow first
+    // install still gets a cleanup. From here on, the agent's own blocker tells readiness.
     agent.start()?;
+    ctx.startup.clear();
 
     let mut resync = tokio::time::interval(RESYNC);
     resync.reset();
-    tokio::pin!(signal);
+    let mut signal = ctx.shutdown;
     loop {
         tokio::select! {
             sig = &mut signal => {
@@ -88,8 +69,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     } else {
         agent.cleanup();
     }
-    drain_trigger.start(DrainMode::Graceful);
-    let _ = tokio::time::timeout(Duration::from_secs(5), drain_trigger.drained()).await;
     Ok(())
 }
 

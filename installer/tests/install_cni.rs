@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use istio_contract::{names, ports};
 use serde_json::{json, Value};
-use testbed::install_cni::{InstallCni, Installer, MONITORING_PORT, PLUGIN, READINESS_PORT};
+use testbed::install_cni::{InstallCni, Installer};
 use testbed::mesh::sidecar_pod;
 use testbed::{Cluster, NetworkConfigList};
 
@@ -34,7 +35,7 @@ fn plugin_types(path: &Path) -> Option<Vec<String>> {
 
 /// True once `path` is bridge followed by exactly one istio-cni entry.
 fn chained(path: &Path) -> bool {
-    plugin_types(path).is_some_and(|t| t == ["bridge", PLUGIN])
+    plugin_types(path).is_some_and(|t| t == ["bridge", names::PLUGIN_TYPE])
 }
 
 /// File names and parsed contents of every file in `dir`, to compare states semantically.
@@ -68,8 +69,8 @@ fn installed(installer: &Installer) -> InstallCni {
 
 /// The installed plugin binary: a regular executable file identical in size to the image's.
 fn binary_installed(installer: &Installer) -> bool {
-    let want = std::fs::metadata(installer.source_dir.join(PLUGIN)).unwrap().len();
-    std::fs::symlink_metadata(installer.bin_dir.join(PLUGIN))
+    let want = std::fs::metadata(installer.source_dir.join(names::PLUGIN_TYPE)).unwrap().len();
+    std::fs::symlink_metadata(installer.bin_dir.join(names::PLUGIN_TYPE))
         .is_ok_and(|m| m.is_file() && m.len() == want && m.permissions().mode() & 0o111 == 0o111)
 }
 
@@ -94,7 +95,7 @@ fn installs_into_a_bridge_conflist_and_a_new_sidecar_pod_gets_its_rules() {
     assert_eq!(meta.mode() & 0o777, 0o600);
     assert!(kubeconfig_text(&installer).contains("token-one"), "kubeconfig lacks the service-account token");
     assert!(!run.log().contains("token-one"), "the token was logged");
-    assert_eq!(run.get(READINESS_PORT, "/healthz").unwrap().0, 200);
+    assert_eq!(run.get(ports::CNI_READINESS, "/healthz").unwrap().0, 200);
     assert_eq!(run.metric("istio_cni_install_ready"), Some(1.0));
 
     NetworkConfigList::from_file(&primary).expect("the runtime accepts the installed conflist");
@@ -111,7 +112,7 @@ fn a_deleted_binary_comes_back_and_a_rival_writer_loses_without_torn_files() {
     installer.env("CONFIG_FIGHT_THRESHOLD", "2").env("CONFIG_FIGHT_WINDOW_SECONDS", "600");
     let run = installed(&installer);
 
-    std::fs::remove_file(installer.bin_dir.join(PLUGIN)).unwrap();
+    std::fs::remove_file(installer.bin_dir.join(names::PLUGIN_TYPE)).unwrap();
     run.until("the deleted plugin binary is restored", || binary_installed(&installer).then_some(()));
 
     let primary = installer.net_d.join(PRIMARY);
@@ -137,7 +138,8 @@ fn a_deleted_binary_comes_back_and_a_rival_writer_loses_without_torn_files() {
     run.until("the entry is back after the fight, the fight is logged and counted", || {
         let fought =
             run.log().contains("config fight") && run.metric("istio_cni_config_fights_total").is_some_and(|n| n >= 1.0);
-        (fought && chained(&primary) && run.get(READINESS_PORT, "/readyz").is_ok_and(|r| r.0 == 200)).then_some(())
+        (fought && chained(&primary) && run.get(ports::CNI_READINESS, "/readyz").is_ok_and(|r| r.0 == 200))
+            .then_some(())
     });
     drop(stop);
     let (samples, bad) = reader.join().unwrap();
@@ -206,7 +208,7 @@ fn sigterm_leaves_net_d_as_it_was_and_removes_the_kubeconfig_and_binary() {
     assert!(took < PROMPT_EXIT, "exit took {took:?} after SIGTERM; the pod's grace period is not for idling");
     assert_eq!(snapshot(&installer.net_d), before, "net.d differs after cleanup:\n{}", run.log());
     assert_gone(&installer.kubeconfig());
-    assert_gone(&installer.bin_dir.join(PLUGIN));
+    assert_gone(&installer.bin_dir.join(names::PLUGIN_TYPE));
     let left: Vec<_> = std::fs::read_dir(&installer.run_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "run dir not empty after cleanup: {left:?}");
 }
@@ -228,7 +230,7 @@ fn sigterm_restores_a_converted_single_plugin_conf_byte_for_byte() {
     assert!(run.terminate().success(), "install-cni failed on SIGTERM:\n{}", run.log());
     assert_eq!(std::fs::read_to_string(&single).ok().as_deref(), Some(original.as_str()), "{}", run.log());
     assert_gone(&installer.net_d.join(PRIMARY));
-    assert_gone(&installer.bin_dir.join(PLUGIN));
+    assert_gone(&installer.bin_dir.join(names::PLUGIN_TYPE));
 }
 
 fn assert_gone(path: &Path) {
@@ -268,8 +270,8 @@ fn ambient_install_then_sigterm(daemonset_exists: bool, disable_safe_upgrade: bo
     assert!(run.terminate().success(), "install-cni failed on SIGTERM:\n{}", run.log());
     let asked = cluster.api.requests().iter().any(|r| r.path.contains("daemonsets/istio-cni-node"));
     assert_eq!(asked, !disable_safe_upgrade, "DaemonSet lookup on SIGTERM: {:?}", cluster.api.requests());
-    let entry = plugin_types(&installer.net_d.join(PRIMARY)).unwrap().contains(&PLUGIN.to_owned());
-    (entry, installer.kubeconfig().exists(), installer.bin_dir.join(PLUGIN).exists())
+    let entry = plugin_types(&installer.net_d.join(PRIMARY)).unwrap().contains(&names::PLUGIN_TYPE.to_owned());
+    (entry, installer.kubeconfig().exists(), installer.bin_dir.join(names::PLUGIN_TYPE).exists())
 }
 
 #[test]
@@ -289,7 +291,7 @@ fn waits_for_a_primary_config_then_chains_into_it() {
     let installer = Installer::new(&cluster);
     let run = installer.start();
     let reason = run.until("/readyz says it waits for a primary config", || {
-        run.get(READINESS_PORT, "/readyz").ok().filter(|(s, body)| *s == 503 && body.contains("waiting"))
+        run.get(ports::CNI_READINESS, "/readyz").ok().filter(|(s, body)| *s == 503 && body.contains("waiting"))
     });
     assert!(reason.1.contains("primary"), "{reason:?}");
     assert_eq!(snapshot(&installer.net_d), vec![], "wrote a config while waiting for the primary");
@@ -315,7 +317,7 @@ fn readiness_flips_while_the_config_is_gone_and_back_once_repaired() {
     run.wait_readyz(200);
     assert!(chained(&primary), "entry not re-inserted: {:?}", plugin_types(&primary));
     assert_eq!(run.metric("istio_cni_install_ready"), Some(1.0));
-    assert_eq!(run.get(MONITORING_PORT, "/healthz").map(|r| r.0), Ok(200));
+    assert_eq!(run.get(ports::CNI_MONITORING, "/healthz").map(|r| r.0), Ok(200));
 }
 
 #[test]
@@ -333,6 +335,6 @@ fn a_bad_setting_exits_non_zero_naming_the_variable() {
     }
     assert_eq!(snapshot(&installer.net_d), before, "a rejected config touched net.d");
     assert!(!installer.kubeconfig().exists(), "a rejected config wrote the kubeconfig");
-    let link: PathBuf = std::fs::read_link(installer.bin_dir.join(PLUGIN)).expect("bin dir untouched");
+    let link: PathBuf = std::fs::read_link(installer.bin_dir.join(names::PLUGIN_TYPE)).expect("bin dir untouched");
     assert!(link.is_absolute());
 }

@@ -45,5 +45,7 @@ pub const INIT_CONTAINER: &str = "istio-init";
 pub const VALIDATION_CONTAINER: &str = "istio-validation";
 /// The exit code of [`VALIDATION_CONTAINER`] when the rules are missing.
 pub const VALIDATION_EXIT_CODE: i32 = 126;
+/// The plugin's `type` in a conflist, and its binary's name in the CNI bin dir.
+pub const PLUGIN_TYPE: &str = "istio-cni";
 /// The DaemonSet that runs install-cni and the node agent.
 pub const CNI_DAEMONSET: &str = "istio-cni-node";

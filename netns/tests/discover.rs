@@ -128,11 +128,9 @@ impl Sleeper {
         };
         let sleeper = Self(cmd.stdin(Stdio::null()).spawn().unwrap());
         let want = ns.map_or_else(|| Netns::current().unwrap().id(), TestNetns::id);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Netns::open(format!("/proc/{}/ns/net", sleeper.pid())).map(|n| n.id()).ok() != Some(want) {
-            assert!(Instant::now() < deadline, "sleeper never entered its netns");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        testbed::wait::eventually("the sleeper enters its netns", || {
+            (Netns::open(format!("/proc/{}/ns/net", sleeper.pid())).map(|n| n.id()).ok() == Some(want)).then_some(())
+        });
         sleeper
     }
 

@@ -114,6 +114,25 @@ pub struct RepairConfig {
     pub broken_pod_label_value: String,
 }
 
+/// What the shared main needs to run the agent: its settings, checks and runtime (two workers: the agent's work
+/// is mostly waiting on the API server and the plugin).
+impl daemon::lifecycle::Daemon for Config {
+    const NAME: &'static str = "node-agent";
+    const RUNTIME: daemon::lifecycle::Runtime = daemon::lifecycle::Runtime::MultiThread { workers: Some(2) };
+
+    fn parse() -> Self {
+        <Config as Parser>::parse()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        Config::validate(self)
+    }
+
+    fn common(&self) -> &daemon::common_args::CommonArgs {
+        &self.common
+    }
+}
+
 impl Config {
     /// Parses the selectors (Istio's defaults when unset) so a typo fails at startup.
     pub fn selectors(&self) -> Result<Selectors, SelectorError> {

@@ -6,6 +6,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use istio_contract::names::{
+    AMBIENT_BYPASS_INBOUND_CAPTURE, AMBIENT_DNS_CAPTURE, AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED,
+    REROUTE_VIRTUAL_INTERFACES,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
@@ -15,10 +19,6 @@ use redirect::backend::Backend;
 use redirect::hostprobe::HostProbe;
 use serde_json::json;
 use tracing::Instrument as _;
-use istio_contract::names::{
-    AMBIENT_BYPASS_INBOUND_CAPTURE, AMBIENT_DNS_CAPTURE, AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED,
-    REROUTE_VIRTUAL_INTERFACES,
-};
 use zds::messages::WorkloadInfo;
 use zds::server::ZdsHandle;
 

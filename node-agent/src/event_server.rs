@@ -1,15 +1,15 @@
-//! The plugin's side door: `POST /cmdadd` on `<run dir>/pluginevent.sock`. The reply comes only after the pod is
-//! fully enrolled, so the plugin's ADD (and so the pod's start) waits for it.
+//! The plugin's side door: `POST /cmdadd` on `<run dir>/pluginevent.sock`, served by the daemon's HTTP server. The
+//! reply comes only after the pod is fully enrolled, so the plugin's ADD (and so the pod's start) waits for it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use cni::plugin_event::{CmdAdd, CMDADD_PATH};
-use istio_contract::paths::PLUGIN_EVENT_SOCKET;
 use daemon::drain::DrainWatcher;
-use http_body_util::{BodyExt, Full};
+use daemon::http::{self, reply, Body, TEXT};
+use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};
+use istio_contract::paths::PLUGIN_EVENT_SOCKET;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use netns::Netns;
@@ -22,11 +22,12 @@ use crate::plugin_socket;
 const MAX_BODY: usize = 64 * 1024;
 
 /// Binds `<run dir>/pluginevent.sock`.
-pub fn bind(run_dir: &Path) -> std::io::Result<(tokio::net::UnixListener, PathBuf)> {
+pub fn bind(run_dir: &Path) -> anyhow::Result<(tokio::net::UnixListener, PathBuf)> {
     plugin_socket::bind(run_dir, PLUGIN_EVENT_SOCKET)
 }
 
-/// Serves plugin events until the drain starts.
+/// Serves plugin events until the drain starts; on a graceful drain, an enrollment in progress finishes and is
+/// answered.
 pub async fn serve(
     listener: tokio::net::UnixListener,
     enroller: Arc<Enroller>,
@@ -34,20 +35,14 @@ pub async fn serve(
     metrics: Metrics,
     drain: DrainWatcher,
 ) {
-    plugin_socket::accept_until_drained(listener, drain, "plugin events", move |stream| {
+    let routes = move |req| {
         let (enroller, client, metrics) = (enroller.clone(), client.clone(), metrics.clone());
-        async move {
-            let service = hyper::service::service_fn(move |req| {
-                let (enroller, client, metrics) = (enroller.clone(), client.clone(), metrics.clone());
-                async move { Ok::<_, std::convert::Infallible>(handle(req, &enroller, &client, &metrics).await) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
-                tracing::debug!(error = %e, "plugin connection");
-            }
-        }
-    })
-    .await;
+        async move { handle(req, &enroller, &client, &metrics).await }
+    };
+    http::Server::new("plugin events")
+        .max_connections(plugin_socket::MAX_CONNECTIONS)
+        .serve(listener, drain, routes)
+        .await;
 }
 
 async fn handle(
@@ -55,7 +50,7 @@ async fn handle(
     enroller: &Enroller,
     client: &kube::Client,
     metrics: &Metrics,
-) -> Response<Full<Bytes>> {
+) -> Response<Body> {
     let (status, body) = if req.method() != Method::POST || req.uri().path() != CMDADD_PATH {
         (StatusCode::NOT_FOUND, format!("only POST {CMDADD_PATH} is served here"))
     } else {
@@ -68,9 +63,7 @@ async fn handle(
         }
     };
     metrics.plugin_requests.get_or_create(&ResponseCode { response_code: status.as_u16().to_string() }).inc();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
+    reply(status, TEXT, body)
 }
 
 async fn read_event(req: Request<hyper::body::Incoming>) -> Result<CmdAdd, String> {

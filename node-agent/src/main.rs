@@ -12,14 +12,12 @@ mod plugin_socket;
 mod repair;
 mod watch;
 
-use std::sync::{Arc, Mutex};
+use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Parser as _;
-use daemon::drain::{Drain, DrainMode};
-use daemon::probes::ProbeState;
-use prometheus_client::registry::Registry;
+use daemon::lifecycle::Context;
 use redirect::backend::Backend;
 use redirect::hostprobe::{find_kubelet_uid, HostProbe, HostProbeConfig};
 use zds::server::{ServerConfig, ZdsServer};
@@ -30,30 +28,14 @@ use crate::enroll::Enroller;
 use crate::metrics::Metrics;
 use crate::node_pods::NodePods;
 
-fn main() {
-    let config = Config::parse();
-    if let Err(e) = config.validate() {
-        eprintln!("node-agent: invalid configuration: {e}");
-        std::process::exit(2);
-    }
-    config.common.init_logging();
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
-    if let Err(e) = runtime.block_on(run(config)) {
-        tracing::error!("node-agent failed: {e:#}");
-        std::process::exit(1);
-    }
+fn main() -> ExitCode {
+    daemon::lifecycle::main(run)
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
-    tracing::info!(config = ?config, "starting");
-    let shutdown = daemon::signals::shutdown_signal()?;
+async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
+    let Context { probes, startup, drain, shutdown } = ctx;
     let selectors = config.selectors().context("AMBIENT_ENABLEMENT_SELECTOR")?;
-    let mut registry = Registry::default();
-    let metrics = Metrics::register(&mut registry);
-    let probe = ProbeState::new(Arc::new(Mutex::new(registry)));
-    let (drain_trigger, drain) = Drain::new();
-    config.common.serve_probes(&probe, &drain).await?;
+    let metrics = probes.with_registry(Metrics::register);
     let client = kube::Client::try_default().await.context("Kubernetes client")?;
     // Ambient pods and in-place repairs of sidecar pods get their rules from the same backend.
     let backend = if config.ambient_enabled || repair::repairs_in_place(&config.repair) {
@@ -75,7 +57,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         // Sidecar-only installs run the agent for the repair controller alone: no ambient rules, host probe or
         // sockets.
         tracing::info!("ambient disabled: only the repair controller runs");
-        probe.set_ready();
+        startup.clear();
         let sig = shutdown.await;
         tracing::info!(signal = ?sig, "shutting down");
         return Ok(());
@@ -108,6 +90,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         metrics.clone(),
         synced_tx,
     ));
+    startup.block("waiting for this node's pods to be listed and the pods enrolled before a restart to be found");
     synced_rx.await.context("pod watcher ended before syncing")?;
 
     let zds_handle = zds.handle();
@@ -121,7 +104,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(socket = %socket.display(), "serving plugin events");
     tokio::spawn(event_server::serve(listener, enroller, client, metrics.clone(), drain.clone()));
     drop(drain);
-    probe.set_ready();
+    startup.clear();
 
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tokio::pin!(shutdown);
@@ -136,8 +119,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             }
         }
     }
-    probe.set_not_ready("shutting down");
-    drain_trigger.start(DrainMode::Graceful);
-    let _ = tokio::time::timeout(Duration::from_secs(5), drain_trigger.drained()).await;
+    // The shared main turns the agent unready and drains the socket servers (bounded by
+    // CONNECTION_TERMINATION_DEADLINE).
     Ok(())
 }

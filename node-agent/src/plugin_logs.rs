@@ -12,13 +12,14 @@ use crate::plugin_socket;
 const MAX_LINE: usize = 16 * 1024;
 
 /// Binds `<run dir>/log.sock`.
-pub fn bind(run_dir: &Path) -> std::io::Result<tokio::net::UnixListener> {
+pub fn bind(run_dir: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     plugin_socket::bind(run_dir, istio_contract::paths::LOG_SOCKET).map(|(listener, _)| listener)
 }
 
 /// Relays every line of every connection as an `info` event with target `istio_cni_plugin`.
 pub async fn serve(listener: tokio::net::UnixListener, drain: DrainWatcher) {
-    plugin_socket::accept_until_drained(listener, drain, "plugin logs", |stream| async move {
+    let max = plugin_socket::MAX_CONNECTIONS;
+    daemon::listener::serve(listener, "plugin logs", max, drain, |stream, _drain| async move {
         let mut reader = tokio::io::BufReader::new(stream);
         let mut buf = Vec::new();
         loop {

@@ -6,11 +6,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use cni::plugin_event::{CmdAdd, CMDADD_PATH};
-use istio_contract::paths::PLUGIN_EVENT_SOCKET;
 use cni::{CniError, ErrorCode};
-use istio_contract::enablement::{never_enrolled, PodFacts, Selectors};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use istio_contract::enablement::{never_enrolled, PodFacts, Selectors};
+use istio_contract::paths::PLUGIN_EVENT_SOCKET;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::config::PluginConf;

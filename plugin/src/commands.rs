@@ -153,7 +153,8 @@ fn redirect_sidecar(
     }
     let has_v6 = cni::result::addresses(result).iter().any(IpAddr::is_ipv6);
     // A pod whose annotations make no sense must not start without its rules: the CNI spec's invalid config.
-    let settings = sidecar::settings(pod, has_v6).map_err(|e| CniError::new(ErrorCode::InvalidConfig, e.to_string()))?;
+    let settings =
+        sidecar::settings(pod, has_v6).map_err(|e| CniError::new(ErrorCode::InvalidConfig, e.to_string()))?;
     let plan = redirect::sidecar::build(&settings);
     let force = conf.force_iptables_binary.as_deref().or(env.get("FORCE_IPTABLES_BINARY").map(String::as_str));
     let backend = Backend::select(conf.native_nftables, force.filter(|f| !f.is_empty())).map_err(internal)?;

@@ -11,7 +11,6 @@ use istio_contract::paths;
 use serde::Deserialize;
 use serde_json::Value;
 
-
 /// The pre-1.24 nested section.
 #[derive(Debug, Default, Deserialize)]
 pub struct KubernetesSection {

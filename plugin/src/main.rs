@@ -4,7 +4,6 @@
 
 mod ambient;
 mod commands;
-mod config;
 mod k8s;
 mod logging;
 
@@ -12,6 +11,8 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 
 use cni::{CniError, ErrorCode, Version};
+// The netconf parser lives in the library (the fuzz targets build it too); `crate::config` is that module.
+use plugin::config;
 
 /// Largest stdin we accept; a netconf is a few KiB.
 const MAX_STDIN: u64 = 4 << 20;

@@ -3,8 +3,9 @@
 
 use std::net::{SocketAddr, SocketAddrV4};
 
+use istio_contract::{ports, proxy};
 use serde_json::{json, Value};
-use testbed::mesh::{annotate, plain_pod, proxy_env, sidecar_pod, RuleBackend, INBOUND_PORT, OUTBOUND_PORT, PROXY_UID};
+use testbed::mesh::{annotate, plain_pod, proxy_env, sidecar_pod, RuleBackend};
 use testbed::runtime::{NetworkConfigList, RuntimeConf, RuntimeError};
 use testbed::{Cluster, NetnsGuard};
 
@@ -76,10 +77,10 @@ fn outbound_from_a_sidecar_pod_lands_on_15001_with_the_original_destination() {
         let c = Cluster::with_backend(backend);
         let web = c.run(&sidecar_pod("shop", "web"));
         let db = c.run(&plain_pod("shop", "db"));
-        let proxy = web.netns.listen_tcp(OUTBOUND_PORT);
+        let proxy = web.netns.listen_tcp(ports::OUTBOUND);
         web.netns.connect_tcp(addr(db.ip, 8080), Some(APP_UID)).expect("app connects");
         let got = proxy.accepted();
-        assert_eq!(got.local.port(), OUTBOUND_PORT);
+        assert_eq!(got.local.port(), ports::OUTBOUND);
         assert_eq!(got.original_dst, Some(SocketAddrV4::new(db.ip, 8080)));
     });
 }
@@ -90,10 +91,10 @@ fn inbound_to_a_sidecar_pod_lands_on_15006() {
         let c = Cluster::with_backend(backend);
         let web = c.run(&sidecar_pod("shop", "web"));
         let client = c.run(&plain_pod("shop", "client"));
-        let proxy = web.netns.listen_tcp(INBOUND_PORT);
+        let proxy = web.netns.listen_tcp(ports::INBOUND_PLAINTEXT);
         client.netns.connect_tcp(addr(web.ip, 8080), None).expect("client connects");
         let got = proxy.accepted();
-        assert_eq!(got.local.port(), INBOUND_PORT);
+        assert_eq!(got.local.port(), ports::INBOUND_PLAINTEXT);
         assert_eq!(got.original_dst, Some(SocketAddrV4::new(web.ip, 8080)));
         assert_eq!(got.peer.ip(), std::net::IpAddr::from(client.ip), "the proxy sees the real client");
     });
@@ -106,13 +107,13 @@ fn tproxy_inbound_lands_on_a_transparent_15006_listener_that_sees_the_original_d
         let web = c.run(&annotate(sidecar_pod("shop", "web"), "sidecar.istio.io/interceptionMode", "TPROXY"));
         let client = c.run(&plain_pod("shop", "client"));
         // Nothing listens on 8080: only the TPROXY rule can deliver the connection to this socket.
-        let proxy = web.netns.listen_tcp_transparent(INBOUND_PORT);
+        let proxy = web.netns.listen_tcp_transparent(ports::INBOUND_PLAINTEXT);
         client.netns.connect_tcp(addr(web.ip, 8080), None).expect("client connects");
         let got = proxy.accepted();
         assert_eq!(got.local, addr(web.ip, 8080), "TPROXY keeps the original destination as the local address");
         // Outbound still uses REDIRECT in TPROXY mode.
         let db = c.run(&plain_pod("shop", "db"));
-        let out = web.netns.listen_tcp(OUTBOUND_PORT);
+        let out = web.netns.listen_tcp(ports::OUTBOUND);
         web.netns.connect_tcp(addr(db.ip, 5432), Some(APP_UID)).expect("app connects");
         assert_eq!(out.accepted().original_dst, Some(SocketAddrV4::new(db.ip, 5432)));
         let rule = web.netns.exec_ok(&["ip", "rule"]);
@@ -133,7 +134,7 @@ fn excluded_ports_and_the_proxy_uid_are_not_redirected() {
         assert_eq!(app.accepted().local, addr(web.ip, 9090), "excluded inbound port reaches the app");
 
         let db_listener = db.netns.listen_tcp(8080);
-        web.netns.connect_tcp(addr(db.ip, 8080), Some(PROXY_UID)).expect("proxy connects");
+        web.netns.connect_tcp(addr(db.ip, 8080), Some(proxy::PROXY_UID)).expect("proxy connects");
         assert_eq!(db_listener.accepted().peer.ip(), std::net::IpAddr::from(web.ip), "uid 1337 goes straight out");
 
         let db_pg = db.netns.listen_tcp(5432);

@@ -1,5 +1,5 @@
 //! Policy routing over rtnetlink, done by both backends after the rules: a sidecar plan's IPv6 passthrough source
-//! and TPROXY routing ([`program_sidecar`]), and an ambient pod's connmark routing ([`program_fwmark`]). All of it
+//! and TPROXY routing (`program_sidecar`), and an ambient pod's connmark routing (`program_fwmark`). All of it
 //! is idempotent `ip rule fwmark … lookup …` / `ip route add local default dev lo table …` / `ip addr add`, on an
 //! rtnetlink handle of the calling thread's netns.
 
@@ -96,11 +96,7 @@ async fn ensure_rule(handle: &Handle, family: Family, rule: FwmarkRule) -> Resul
 }
 
 /// The rules of `family` that match `rule` (its mark and table, and its mask if it has one).
-async fn find_rules(
-    handle: &Handle,
-    family: Family,
-    rule: FwmarkRule,
-) -> Result<Vec<RuleMessage>, rtnetlink::Error> {
+async fn find_rules(handle: &Handle, family: Family, rule: FwmarkRule) -> Result<Vec<RuleMessage>, rtnetlink::Error> {
     let version = match family {
         Family::V4 => IpVersion::V4,
         Family::V6 => IpVersion::V6,

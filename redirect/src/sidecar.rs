@@ -428,10 +428,7 @@ fn dns(b: &mut Builder, cfg: &SidecarConfig, v4: &[IpAddr], v6: &[IpAddr]) {
     let owners = cfg.proxy_uids.iter().map(|&u| uid(u, false)).chain(cfg.proxy_gids.iter().map(|&g| gid(g, false)));
     for owner in owners {
         b.both(Table::Raw, Rule::append(chains::OUTPUT_DNS, vec![udp(), dport(53), owner.clone()], Target::CtZone(1)));
-        b.both(
-            Table::Raw,
-            Rule::append(chains::OUTPUT_DNS, vec![udp(), sport(ports::DNS), owner], Target::CtZone(2)),
-        );
+        b.both(Table::Raw, Rule::append(chains::OUTPUT_DNS, vec![udp(), sport(ports::DNS), owner], Target::CtZone(2)));
     }
     if all {
         b.both(Table::Raw, Rule::append("PREROUTING", vec![], jump(chains::INBOUND)));

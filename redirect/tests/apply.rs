@@ -118,7 +118,8 @@ fn tproxy_plan_programs_policy_routing_for_both_families() {
     let (mark, table) = (cfg.tproxy_mark, cfg.tproxy_route_table.to_string());
     for (flag, family) in [("-4", Family::V4), ("-6", Family::V6)] {
         let rules = t.exec(&["ip", flag, "rule", "show"]);
-        let ours: Vec<&str> = rules.lines().filter(|l| l.contains(&format!("fwmark {mark:#x} lookup {table}"))).collect();
+        let ours: Vec<&str> =
+            rules.lines().filter(|l| l.contains(&format!("fwmark {mark:#x} lookup {table}"))).collect();
         assert_eq!(ours.len(), 1, "{family}: exactly one fwmark rule expected:\n{rules}");
         let routes = t.exec(&["ip", flag, "route", "show", "table", &table]);
         assert!(routes.contains("local default dev lo"), "{family}: {routes}");

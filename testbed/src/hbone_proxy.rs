@@ -10,11 +10,7 @@ use std::time::{Duration, Instant};
 use crate::node_agent::NodeAgent;
 use crate::wait::eventually;
 use crate::{bins, Cluster};
-
-/// Where the proxy serves `/healthz/ready` (Istio's port), inside the node netns.
-pub const READY_PORT: u16 = 15021;
-/// Where the proxy serves `/metrics` (Istio's port), inside the node netns.
-pub const METRICS_PORT: u16 = 15020;
+use istio_contract::ports;
 
 /// The `hbone-proxy` binary running in the node netns; killed on drop, its log printed if the test failed.
 pub struct Proxy {
@@ -30,7 +26,7 @@ impl Proxy {
         let netns = cluster.node.netns().path();
         eventually("hbone-proxy answers /healthz/ready with 200", || {
             proxy.assert_running();
-            let ready = crate::http::get(&netns, READY_PORT, "/healthz/ready").map(|(status, _)| status);
+            let ready = crate::http::get(&netns, ports::READINESS, "/healthz/ready").map(|(status, _)| status);
             (ready == Ok(200)).then_some(())
         });
         proxy
@@ -57,7 +53,7 @@ impl Proxy {
         let netns = cluster.node.netns().path();
         eventually("hbone-proxy serves /metrics", || {
             proxy.assert_running();
-            crate::http::get(&netns, METRICS_PORT, "/metrics").ok().map(|_| ())
+            crate::http::get(&netns, ports::STATS, "/metrics").ok().map(|_| ())
         });
         proxy
     }
@@ -94,15 +90,7 @@ impl Proxy {
 
     /// The exit status once the proxy has exited, polled until `limit` after `since`.
     pub fn exit_within(&mut self, since: Instant, limit: Duration) -> Option<ExitStatus> {
-        loop {
-            if let Some(status) = self.child.try_wait().expect("poll hbone-proxy") {
-                return Some(status);
-            }
-            if since.elapsed() > limit {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::wait::exit_within(&mut self.child, since, limit)
     }
 }
 

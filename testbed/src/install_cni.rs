@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use istio_contract::{names, paths, ports};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -16,15 +17,6 @@ use crate::wait::{eventually, eventually_or};
 use tempfile::TempDir;
 
 use crate::{bins, Cluster};
-
-/// Port of `/healthz` and `/readyz`.
-pub const READINESS_PORT: u16 = 8000;
-/// Port of `/metrics`.
-pub const MONITORING_PORT: u16 = 15014;
-/// The plugin binary the installer copies, and the `type` of its conflist entry.
-pub const PLUGIN: &str = "istio-cni";
-/// File name of the kubeconfig the installer writes into the run dir.
-pub const KUBECONFIG_NAME: &str = "istio-cni-kubeconfig";
 
 /// A real CA certificate (Istio's install-cni test data), so the plugin's kube client accepts the kubeconfig.
 const CA_CRT: &str = "-----BEGIN CERTIFICATE-----
@@ -115,13 +107,13 @@ impl Installer {
         let scratch = tempfile::Builder::new().prefix("install-cni-").tempdir().expect("installer tempdir");
         let source_dir = scratch.path().join("image-bin");
         std::fs::create_dir(&source_dir).expect("image bin dir");
-        let built = bins::path(PLUGIN);
-        let copy = source_dir.join(PLUGIN);
+        let built = bins::path(names::PLUGIN_TYPE);
+        let copy = source_dir.join(names::PLUGIN_TYPE);
         std::fs::hard_link(&built, &copy).or_else(|_| std::fs::copy(&built, &copy).map(drop)).expect("copy plugin");
         let api_kubeconfig = scratch.path().join("api-kubeconfig");
         cluster.api.write_kubeconfig(&api_kubeconfig).expect("fake API kubeconfig");
         let run_dir = cluster.run_dir();
-        let _ = std::fs::remove_file(run_dir.join(KUBECONFIG_NAME));
+        let _ = std::fs::remove_file(run_dir.join(paths::KUBECONFIG_FILE));
         let sa = ServiceAccountDir::new("token-one");
         let path = |p: &Path| p.display().to_string();
         let env = [
@@ -162,7 +154,7 @@ impl Installer {
 
     /// The kubeconfig the installer writes for the plugin.
     pub fn kubeconfig(&self) -> PathBuf {
-        self.run_dir.join(KUBECONFIG_NAME)
+        self.run_dir.join(paths::KUBECONFIG_FILE)
     }
 
     /// Spawns `install-cni` inside the node netns with a cleared env plus ours; stderr goes to a log file.
@@ -215,7 +207,7 @@ impl InstallCni {
     /// Waits until `/readyz` answers `status`, and returns its body.
     #[track_caller]
     pub fn wait_readyz(&self, status: u16) -> String {
-        self.until(&format!("/readyz answers {status}"), || match self.get(READINESS_PORT, "/readyz") {
+        self.until(&format!("/readyz answers {status}"), || match self.get(ports::CNI_READINESS, "/readyz") {
             Ok((s, body)) if s == status => Some(body),
             _ => None,
         })
@@ -223,7 +215,7 @@ impl InstallCni {
 
     /// The value of sample `name` (e.g. `istio_cni_config_fights_total`) in `/metrics`, if exposed.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let (status, body) = self.get(MONITORING_PORT, "/metrics").ok()?;
+        let (status, body) = self.get(ports::CNI_MONITORING, "/metrics").ok()?;
         assert_eq!(status, 200, "/metrics answered {status}: {body}");
         body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }

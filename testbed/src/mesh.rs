@@ -10,13 +10,6 @@ use crate::node::{Node, Pod};
 use crate::runtime::RuntimeError;
 use crate::NetnsGuard;
 
-/// Port the sidecar's outbound capture listens on.
-pub const OUTBOUND_PORT: u16 = 15001;
-/// Port the sidecar's inbound capture listens on.
-pub const INBOUND_PORT: u16 = 15006;
-/// The proxy's uid and gid, exempt from capture.
-pub const PROXY_UID: u32 = 1337;
-
 /// The three ways the plugin can program rules; traffic scenarios run on each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuleBackend {

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
+use istio_contract::{names, ports};
 use netns::Netns;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -19,19 +20,14 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 use zds::messages::{workload_request::Payload, WorkloadInfo};
 
-use crate::install_cni::READINESS_PORT;
 use crate::mesh::{plain_pod, Cluster, RuleBackend};
 use crate::wait::eventually;
 use crate::{bins, NetnsGuard};
 
 /// The label (on a pod or its namespace) that enrolls pods in ambient with Istio's default selectors.
 pub const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
-/// The annotation the agent sets on enrolled pods.
-pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 /// The source address host-originated traffic to enrolled pods gets (host probe SNAT).
 pub const PROBE_SNAT_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 7, 127);
-/// The mark the node proxy puts on its own sockets; the in-pod rules let such traffic through.
-pub const PROXY_MARK: u32 = 0x539;
 
 /// The agent's own debug logs, without the HTTP and TLS client chatter.
 const LOG_LEVEL: &str = "debug,hyper_util=info,kube_client=info,tower=info,rustls=info,rustls_platform_verifier=info";
@@ -210,9 +206,7 @@ impl NodeAgent {
 
     /// The agent's `/metrics` text, from inside the node netns.
     pub fn metrics(&self) -> String {
-        crate::http::get(&self.netns, crate::install_cni::MONITORING_PORT, "/metrics")
-            .map(|(_, body)| body)
-            .unwrap_or_default()
+        crate::http::get(&self.netns, ports::CNI_MONITORING, "/metrics").map(|(_, body)| body).unwrap_or_default()
     }
 
     /// The value of the `/metrics` sample `series` (name with its labels, e.g. `x_total{type="a"}`), if exposed.
@@ -222,7 +216,7 @@ impl NodeAgent {
 
     /// `/healthz` and `/readyz` status codes (`None` when it did not answer).
     pub fn probes(&self) -> (Option<u16>, Option<u16>) {
-        let code = |path| crate::http::get(&self.netns, READINESS_PORT, path).ok().map(|(status, _)| status);
+        let code = |path| crate::http::get(&self.netns, ports::CNI_READINESS, path).ok().map(|(status, _)| status);
         (code("/healthz"), code("/readyz"))
     }
 
@@ -252,7 +246,7 @@ impl Drop for NodeAgent {
 
 /// `/readyz`'s status code from inside the node netns, if it answered.
 fn readyz(netns: &Path) -> Option<u16> {
-    crate::http::get(netns, READINESS_PORT, "/readyz").ok().map(|(status, _)| status)
+    crate::http::get(netns, ports::CNI_READINESS, "/readyz").ok().map(|(status, _)| status)
 }
 
 /// What kind of request the agent sent.
@@ -434,7 +428,7 @@ fn fd_id(fd: &OwnedFd) -> (u64, u64) {
 /// The `ambient.istio.io/redirection` annotation of pod `namespace/name` in the fake API.
 pub fn redirection(cluster: &Cluster, namespace: &str, name: &str) -> Option<String> {
     let pod = cluster.api.get("Pod", Some(namespace), name)?;
-    pod["metadata"]["annotations"][REDIRECTION_ANNOTATION].as_str().map(String::from)
+    pod["metadata"]["annotations"][names::AMBIENT_REDIRECTION].as_str().map(String::from)
 }
 
 /// The UID the fake API gave pod `namespace/name`.

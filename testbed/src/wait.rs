@@ -25,3 +25,50 @@ pub fn eventually_or<T>(what: &str, mut probe: impl FnMut() -> Option<T>, contex
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Polls `probe` every 10ms until it yields a value or `limit` has passed since `since`: for the tests whose
+/// point is a bound (a listener gone within 1 s, an exit before the drain deadline), so running out is an answer
+/// (`None`), not a panic.
+pub fn within<T>(since: Instant, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    loop {
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        if since.elapsed() >= limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The exit status of `child` once it has exited, or `None` if it is still running `limit` after `since`.
+pub fn exit_within(
+    child: &mut std::process::Child,
+    since: Instant,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    within(since, limit, || child.try_wait().expect("poll a child process"))
+}
+
+/// [`eventually`] for async tests: polls `probe` every 10ms on the test's runtime, panicking with `what` after
+/// [`DEADLINE`].
+#[track_caller]
+pub fn eventually_async<'a, T: 'a>(
+    what: &'a str,
+    mut probe: impl FnMut() -> Option<T> + 'a,
+) -> impl std::future::Future<Output = T> + 'a {
+    let caller = std::panic::Location::caller();
+    async move {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            if let Some(v) = probe() {
+                return v;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{caller}: timed out after {DEADLINE:?} waiting until {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

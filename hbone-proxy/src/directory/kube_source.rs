@@ -19,8 +19,6 @@ use super::{Directory, Protocol, Workload};
 /// The name this source's entries are kept under in the [`Directory`].
 pub const SOURCE: &str = "kubernetes";
 
-/// The annotation the node agent sets on pods whose traffic it redirects to the proxy.
-
 /// Watches with the client inferred from `KUBECONFIG` or the in-cluster service account. Without either, the
 /// source stays off and says so; an unreachable API is retried for as long as the task runs.
 pub async fn watch_inferred(directory: Directory) {

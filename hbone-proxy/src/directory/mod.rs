@@ -4,7 +4,9 @@
 //! Each source (the local YAML file, [`local_file`], and the Kubernetes API, [`kube_source`]) replaces its own
 //! complete set of workloads with [`Directory::replace`]; lookups see the union of all sources.
 
+#[cfg(feature = "runtime")]
 pub mod kube_source;
+#[cfg(feature = "runtime")]
 pub mod local_file;
 mod workload;
 

@@ -1,6 +1,7 @@
 //! What a workload is, as ztunnel's local config describes it, and the parser of that YAML file.
 //!
-//! Kept free of the proxy's runtime (no watcher, no directory) so the fuzz target compiles this very file.
+//! Kept free of the proxy's runtime (no watcher, no tokio): it builds without the `runtime` feature, as the fuzz
+//! targets use it.
 
 use std::net::IpAddr;
 

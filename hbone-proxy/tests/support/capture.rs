@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use testbed::wait::eventually;
 use testbed::NetnsGuard;
 
 /// How long tcpdump may take to start listening, and to exit after SIGINT.
@@ -80,11 +81,7 @@ impl Capture {
     /// Waits until the packets written so far satisfy `done` (tcpdump may lag behind the traffic a little), then
     /// stops it; panics naming `what` if that takes longer than the deadline.
     pub fn stop_when(self, what: &str, done: impl Fn(&[Packet]) -> bool) -> Vec<Packet> {
-        let since = std::time::Instant::now();
-        while !done(&self.packets()) {
-            assert!(since.elapsed() < DEADLINE, "the capture never showed {what}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually(&format!("the capture shows {what}"), || done(&self.packets()).then_some(()));
         self.stop()
     }
 
@@ -92,11 +89,7 @@ impl Capture {
     /// checking that the kernel dropped none.
     pub fn stop(mut self) -> Vec<Packet> {
         kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT).expect("SIGINT tcpdump");
-        let since = std::time::Instant::now();
-        while self.child.try_wait().expect("poll tcpdump").is_none() {
-            assert!(since.elapsed() < DEADLINE, "tcpdump still running {DEADLINE:?} after SIGINT");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually("tcpdump exits after SIGINT", || self.child.try_wait().expect("poll tcpdump"));
         let summary: Vec<String> = self.stderr.try_iter().collect();
         let dropped = summary.iter().find(|l| l.contains("dropped by kernel")).cloned().unwrap_or_default();
         assert!(dropped.starts_with("0 "), "tcpdump lost packets, the capture is incomplete: {summary:?}");

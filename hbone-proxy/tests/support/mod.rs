@@ -41,7 +41,7 @@ pub fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
 
 /// The value on the line of the proxy's `/metrics` (in `netns`) that starts with `line_prefix`.
 pub fn metric(netns: &Path, line_prefix: &str) -> Option<f64> {
-    let (_, body) = http_get(netns, testbed::hbone_proxy::METRICS_PORT, "/metrics")?;
+    let (_, body) = http_get(netns, ports::STATS, "/metrics")?;
     body.lines().find_map(|l| l.strip_prefix(line_prefix)?.trim().parse().ok())
 }
 

@@ -6,9 +6,9 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use k8s_openapi::api::core::v1::Pod;
 use istio_contract::pod::PodInfo;
 use istio_contract::sidecar::{self, Decision, SettingsError};
+use k8s_openapi::api::core::v1::Pod;
 use redirect::backend::{Backend, BackendError};
 
 use crate::config::Config;

@@ -20,10 +20,9 @@ impl XtablesLock {
     pub(crate) fn new() -> Result<Self, IptablesError> {
         let base: PathBuf =
             ["/run", "/tmp"].iter().map(PathBuf::from).find(|p| p.is_dir()).unwrap_or_else(std::env::temp_dir);
-        let dir = tempfile::Builder::new()
-            .prefix("istio-cni-xtables-")
-            .tempdir_in(&base)
-            .map_err(|source| IptablesError::Setup { what: format!("create lock dir in {}", base.display()), source })?;
+        let dir = tempfile::Builder::new().prefix("istio-cni-xtables-").tempdir_in(&base).map_err(|source| {
+            IptablesError::Setup { what: format!("create lock dir in {}", base.display()), source }
+        })?;
         Ok(Self { dir })
     }
 

@@ -149,7 +149,8 @@ mod tests {
     use super::*;
 
     fn object(features: Vec<&'static str>) -> Object {
-        Object { name: "rule 0 of inet istio-proxy-mangle istio-tproxy (tproxy ip to :15006)".into(), features }
+        let port = istio_contract::ports::INBOUND_PLAINTEXT;
+        Object { name: format!("rule 0 of inet istio-proxy-mangle istio-tproxy (tproxy ip to :{port})"), features }
     }
 
     #[test]

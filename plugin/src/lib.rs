@@ -1,0 +1,6 @@
+//! The `istio-cni` plugin's netconf parser, as a library: the binary (`src/main.rs`, behind the default `runtime`
+//! feature) uses it as `crate::config`, and the fuzz targets build it without the runtime, as a dependency.
+
+#![warn(missing_docs)]
+
+pub mod config;
