@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use base64::Engine as _;
-use istio_contract::ports;
 use serde_json::{json, Value};
 use testbed::chart::{self, accepted_env, list, output, Rendered, KUBE_VERSION};
 

@@ -4,8 +4,8 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 use daemon::drain::DrainWatcher;
-use daemon::http::{self, reply, Body, TEXT};
-use hyper::{Request, Response, StatusCode};
+use daemon::http::{reply, Body, Server, TEXT};
+use http::{Request, Response, StatusCode};
 
 use crate::workloads::View;
 
@@ -13,7 +13,7 @@ use crate::workloads::View;
 pub async fn serve(port: u16, workloads: View, drain: DrainWatcher) -> Result<(), daemon::Error> {
     let listener = daemon::listener::bind_tcp(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
     let routes = move |request: Request<_>| std::future::ready(respond(&request, &workloads));
-    tokio::spawn(http::Server::new("admin").serve(listener, drain, routes));
+    tokio::spawn(Server::new("admin").serve(listener, drain, routes));
     Ok(())
 }
 

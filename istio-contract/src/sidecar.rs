@@ -310,3 +310,5 @@ impl Default for SidecarConfig {
     }
 }
 
+#[cfg(test)]
+mod tests;

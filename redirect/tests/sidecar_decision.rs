@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
-use istio_contract::names::{INIT_CONTAINER, SIDECAR_INJECT, SIDECAR_STATUS_ANNOTATION};
+use istio_contract::names::{PROXY_CONTAINER, SIDECAR_STATUS_ANNOTATION};
 use istio_contract::pod::PodInfo;
-use istio_contract::sidecar::{decide, settings, Decision, Skip};
+use istio_contract::sidecar::{decide, settings, Decision};
 
 fn pod(annotations: Value, security_context: Value, env: Value) -> PodInfo {
     let mut ann = json!({ SIDECAR_STATUS_ANNOTATION: "true" });
@@ -17,7 +17,7 @@ fn pod(annotations: Value, security_context: Value, env: Value) -> PodInfo {
         "metadata": { "name": "testPod", "namespace": "testNS", "annotations": ann },
         "spec": { "containers": [
             { "name": "test" },
-            { "name": "istio-proxy", "securityContext": security_context, "env": env },
+            { "name": PROXY_CONTAINER, "securityContext": security_context, "env": env },
             { "name": "istio-validate" }
         ]}
     }))
@@ -96,64 +96,6 @@ fn plugin_sidecar_goldens() {
     );
     assert_case("custom-uid", "custom-uid", pod(none.clone(), custom.clone(), json!([])));
     assert_case("custom-uid-tproxy", "custom-uid-tproxy", pod(tproxy, custom, json!([])));
-}
-
-#[test]
-fn skip_reasons_follow_istio() {
-    let mut p = pod(json!({}), json!({}), json!([]));
-    assert_eq!(decide(&p), Decision::Redirect);
-    p.annotations.remove(SIDECAR_STATUS_ANNOTATION);
-    assert_eq!(decide(&p), Decision::Skip(Skip::NotInjected));
-
-    let p = pod(json!({ SIDECAR_INJECT: "false" }), json!({}), json!([]));
-    assert_eq!(decide(&p), Decision::Skip(Skip::InjectionDisabled));
-    let mut p = pod(json!({ SIDECAR_INJECT: "false" }), json!({}), json!([]));
-    p.labels.insert(SIDECAR_INJECT.into(), "true".into());
-    assert_eq!(decide(&p), Decision::Redirect, "the label wins over the annotation");
-
-    let p = pod(json!({}), json!({}), json!([{ "name": "DISABLE_ENVOY", "value": "true" }]));
-    assert_eq!(decide(&p), Decision::Skip(Skip::EnvoyDisabled));
-
-    let mut p = pod(json!({}), json!({}), json!([]));
-    p.proxy.as_mut().unwrap().args = vec!["proxy".into(), "router".into()];
-    assert_eq!(decide(&p), Decision::Skip(Skip::NotSidecar("router".into())));
-    p.proxy.as_mut().unwrap().args = vec!["proxy".into(), "sidecar".into()];
-    assert_eq!(decide(&p), Decision::Redirect);
-
-    let mut p = pod(json!({}), json!({}), json!([]));
-    p.init_containers.push(INIT_CONTAINER.into());
-    assert_eq!(decide(&p), Decision::Skip(Skip::HasInitContainer));
-    p.proxy = None;
-    p.init_containers.clear();
-    assert_eq!(decide(&p), Decision::Skip(Skip::NoProxy));
-}
-
-#[test]
-fn native_sidecar_in_init_containers_is_found() {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "p", "annotations": { "sidecar.istio.io/status": "{}" } },
-        "spec": { "containers": [{ "name": "app" }],
-                  "initContainers": [{ "name": "istio-proxy", "restartPolicy": "Always" }] }
-    }))
-    .unwrap();
-    assert_eq!(decide(&PodInfo::from(&pod)), Decision::Redirect);
-}
-
-#[test]
-fn invalid_annotations_are_refused_and_named() {
-    for (k, v) in [
-        ("sidecar.istio.io/interceptionMode", "BOGUS"),
-        ("traffic.sidecar.istio.io/includeInboundPorts", "80,http"),
-        ("traffic.sidecar.istio.io/excludeInboundPorts", "99999"),
-        ("traffic.sidecar.istio.io/excludeOutboundPorts", "-1"),
-        ("traffic.sidecar.istio.io/includeOutboundPorts", "x"),
-        ("traffic.sidecar.istio.io/includeOutboundIPRanges", "10.0.0.0/33"),
-        ("traffic.sidecar.istio.io/excludeOutboundIPRanges", "not-a-cidr"),
-    ] {
-        let err = settings(&pod(json!({ k: v }), json!({}), json!([])), false).unwrap_err();
-        assert_eq!((err.annotation, err.value.as_str()), (k, v));
-        assert!(err.to_string().contains(k), "{k}: {err}");
-    }
 }
 
 #[test]
