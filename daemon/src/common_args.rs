@@ -88,7 +88,10 @@ mod tests {
     #[test]
     fn defaults_are_istio_cni_ports_and_a_five_second_deadline() {
         let cli = Cli::try_parse_from(["cli"]).unwrap();
-        assert_eq!((cli.common.readiness_port, cli.common.monitoring_port), (ports::CNI_READINESS, ports::CNI_MONITORING));
+        assert_eq!(
+            (cli.common.readiness_port, cli.common.monitoring_port),
+            (ports::CNI_READINESS, ports::CNI_MONITORING)
+        );
         assert_eq!(cli.common.termination_deadline, Duration::from_secs(5));
         let cli = Cli::try_parse_from(["cli", "--termination-deadline", "1m30s"]).unwrap();
         assert_eq!(cli.common.termination_deadline, Duration::from_secs(90));

@@ -74,8 +74,13 @@ impl Server {
     }
 }
 
-async fn serve_connection<C, R, F>(conn: C, routes: Arc<R>, header_read_timeout: Duration, name: &str, drain: DrainWatcher)
-where
+async fn serve_connection<C, R, F>(
+    conn: C,
+    routes: Arc<R>,
+    header_read_timeout: Duration,
+    name: &str,
+    drain: DrainWatcher,
+) where
     C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     R: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,

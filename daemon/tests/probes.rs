@@ -314,7 +314,8 @@ async fn bind_error_names_the_address() {
 /// Serves `200 hello` to every request on `listener` with `server`, until the returned trigger drains it.
 async fn serve_hello<L: listener::Listen>(server: http::Server, listener: L) -> (DrainTrigger, JoinHandle<()>) {
     let (trigger, watcher) = Drain::new();
-    let task = tokio::spawn(server.serve(listener, watcher, |_request| async { reply(StatusCode::OK, TEXT, "hello\n") }));
+    let task =
+        tokio::spawn(server.serve(listener, watcher, |_request| async { reply(StatusCode::OK, TEXT, "hello\n") }));
     (trigger, task)
 }
 

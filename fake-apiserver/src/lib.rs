@@ -34,7 +34,12 @@ use tokio::sync::oneshot;
 pub enum Error {
     /// The listen address could not be bound.
     #[error("binding the fake apiserver to {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why binding failed.
+        source: std::io::Error,
+    },
     /// The server thread or its tokio runtime could not be created.
     #[error("starting the fake apiserver runtime: {0}")]
     Runtime(std::io::Error),
@@ -49,7 +54,12 @@ pub enum Error {
     ParseSeed(String),
     /// The kubeconfig file could not be written.
     #[error("writing kubeconfig {path}: {source}")]
-    WriteKubeconfig { path: PathBuf, source: std::io::Error },
+    WriteKubeconfig {
+        /// The kubeconfig path.
+        path: PathBuf,
+        /// Why writing failed.
+        source: std::io::Error,
+    },
 }
 
 /// Writes `contents` to `path` atomically (temp file + rename), so pollers never see a partial file.

@@ -97,7 +97,8 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Config, clap::Error> {
-        let matches = Config::command_with_proxy_ports().try_get_matches_from(std::iter::once("hbone-proxy").chain(args.iter().copied()))?;
+        let matches = Config::command_with_proxy_ports()
+            .try_get_matches_from(std::iter::once("hbone-proxy").chain(args.iter().copied()))?;
         Config::from_arg_matches(&matches)
     }
 

@@ -7,7 +7,6 @@ use clap::{ArgAction, Parser};
 use istio_contract::enablement::Selectors;
 use istio_contract::paths;
 
-
 /// Every setting of the agent. Validated once in [`Config::validate`] and passed down by reference.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "install-cni", about = "Installs istio-cni on this node and keeps it installed")]

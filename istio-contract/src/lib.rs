@@ -3,7 +3,6 @@
 //! rules, the node proxy and install-cni cannot drift apart: the proxy's ports, mark and uid, the sockets the
 //! plugin and the agent share, the annotation and label names, the default ambient enablement selectors, and
 //! Istio's sidecar decision over a pod.
-#![warn(missing_docs)]
 
 pub mod enablement;
 pub mod names;

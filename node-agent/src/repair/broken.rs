@@ -67,14 +67,15 @@ impl Criteria {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use istio_contract::names::{SIDECAR_STATUS_ANNOTATION, VALIDATION_CONTAINER, VALIDATION_EXIT_CODE};
     use serde_json::{json, Value};
 
     fn criteria(msg: &str) -> Criteria {
         Criteria {
             node: "node-1".into(),
-            sidecar_annotation: "sidecar.istio.io/status".into(),
-            init_container: "istio-validation".into(),
-            exit_code: 126,
+            sidecar_annotation: SIDECAR_STATUS_ANNOTATION.into(),
+            init_container: VALIDATION_CONTAINER.into(),
+            exit_code: VALIDATION_EXIT_CODE,
             termination_msg: msg.into(),
         }
     }
@@ -87,7 +88,7 @@ mod tests {
         if state == "lastState" {
             status["state"] = json!({ "waiting": { "reason": "CrashLoopBackOff" } });
         }
-        let annotations: Value = if annotated { json!({ "sidecar.istio.io/status": "{}" }) } else { json!({}) };
+        let annotations: Value = if annotated { json!({ SIDECAR_STATUS_ANNOTATION: "{}" }) } else { json!({}) };
         serde_json::from_value(json!({
             "metadata": { "name": "p", "namespace": "ns", "annotations": annotations },
             "spec": { "nodeName": node, "containers": [{ "name": "app" }] },
