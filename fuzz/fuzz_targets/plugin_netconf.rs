@@ -6,8 +6,8 @@
 #![no_main]
 
 use cni::{result, CniError, Version, SUPPORTED_VERSIONS};
-use plugin::config::PluginConf;
 use libfuzzer_sys::fuzz_target;
+use plugin::config::PluginConf;
 use serde_json::Value;
 
 fn assert_renders(e: &CniError) {

@@ -5,9 +5,9 @@
 
 #![no_main]
 
-use zds::messages::{WorkloadRequest, WorkloadResponse, ZdsHello};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
+use zds::messages::{WorkloadRequest, WorkloadResponse, ZdsHello};
 
 fn round_trips<M: Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) {
     let Ok(msg) = M::decode(data) else { return };

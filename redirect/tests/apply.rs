@@ -1,30 +1,12 @@
 //! Kernel tests for the apply step: real netns, real iptables binaries (nft and legacy), real policy routing.
 
 use istio_contract::ports;
-use netns::Netns;
 use redirect::iptables::{apply, detect_backend, dump, remove, IptablesBackend, IptablesError};
 use redirect::model::{Family, Match, OwnerId, Rule, Table, Target};
 use redirect::sidecar::{build, InterceptMode, Plan, SidecarConfig};
-use testbed::NetnsGuard;
+use support::TestNetns;
 
-/// A fresh netns (removed on drop, also on panic) with an open handle for the apply step.
-struct TestNetns {
-    guard: NetnsGuard,
-    ns: Netns,
-}
-
-impl TestNetns {
-    fn new() -> Self {
-        let guard = NetnsGuard::new("redirect-test");
-        let ns = guard.open().unwrap_or_else(|e| panic!("open netns {}: {e}", guard.name()));
-        Self { guard, ns }
-    }
-
-    /// Runs a command inside the netns (tests only) and returns its stdout.
-    fn exec(&self, args: &[&str]) -> String {
-        self.guard.exec_ok(args)
-    }
-}
+mod support;
 
 fn rule_lines(save: &str) -> Vec<&str> {
     save.lines().filter(|l| l.starts_with("-A ")).collect()

@@ -1,8 +1,10 @@
-//! Shared by the nftables kernel tests: fresh test netns and a normalised view of what the kernel holds.
+//! Shared by the kernel tests: fresh test netns and a normalised view of what the kernel holds.
 //!
 //! The normalisation compares effect: tables, chains with hooks/priorities/policies, and every chain's rules in
 //! order. Within a rule the order of the match conditions is ignored (they are ANDed) and a `!= { a, b }` set
 //! match counts as `!= a` plus `!= b`.
+// Each test file compiles its own copy and uses part of it.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,6 +24,11 @@ impl TestNetns {
         let guard = NetnsGuard::new("redirect-nft");
         let ns = guard.open().unwrap_or_else(|e| panic!("open netns {}: {e}", guard.name()));
         Self { guard, ns }
+    }
+
+    /// Runs a command inside the netns (tests only) and returns its stdout.
+    pub fn exec(&self, args: &[&str]) -> String {
+        self.guard.exec_ok(args)
     }
 
     /// `nft -j list ruleset` inside the netns, normalised (see the module docs).
