@@ -623,4 +623,3 @@ async fn futures_join<T: Send + 'static>(handles: impl Iterator<Item = tokio::ta
     }
     out
 }
-

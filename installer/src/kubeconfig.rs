@@ -64,10 +64,22 @@ pub enum KubeconfigError {
     BadProtocol(String),
     /// The CA file or the token file could not be read.
     #[error("reading {what} {path}: {source}")]
-    Read { what: &'static str, path: PathBuf, source: io::Error },
+    Read {
+        /// Which file: the CA or the token.
+        what: &'static str,
+        /// The file concerned.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: io::Error,
+    },
     /// The CA file or the token file is empty.
     #[error("{what} {path} is empty")]
-    Empty { what: &'static str, path: PathBuf },
+    Empty {
+        /// Which file: the CA or the token.
+        what: &'static str,
+        /// The file concerned.
+        path: PathBuf,
+    },
 }
 
 /// Renders the plugin's kubeconfig (server, inlined CA or skip-TLS, the service-account token),

@@ -3,11 +3,10 @@
 
 use std::collections::BTreeMap;
 
+use istio_contract::names::CNI_DAEMONSET;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
-use istio_contract::names::CNI_DAEMONSET;
 use kube::{Api, Client};
-
 
 /// What the API says about our DaemonSet.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -75,7 +75,8 @@ fn workload(pod: &Pod) -> Option<(String, Workload)> {
     let meta = &pod.metadata;
     let enrolled = meta.annotations.as_ref().and_then(|a| a.get(AMBIENT_REDIRECTION)).map(String::as_str);
     let status = pod.status.as_ref()?;
-    if enrolled != Some(AMBIENT_REDIRECTION_ENABLED) || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    if enrolled != Some(AMBIENT_REDIRECTION_ENABLED) || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"))
+    {
         return None;
     }
     let workload_ips: Vec<IpAddr> = status.pod_ips.iter().flatten().filter_map(|ip| ip.ip.parse().ok()).collect();

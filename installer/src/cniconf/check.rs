@@ -16,31 +16,61 @@ use super::plan::{desired, ConfSettings};
 pub enum Invalid {
     /// No loadable config at all in the conf dir.
     #[error("no valid CNI config in {dir}")]
-    NoValidConfig { dir: PathBuf },
+    NoValidConfig {
+        /// The CNI config directory.
+        dir: PathBuf,
+    },
     /// Owned mode: another file sorts before our owned file, so runtimes load that one instead.
     #[error("Istio-owned CNI config {owned} is not the highest-priority file: {first} sorts first")]
-    OwnedNotFirst { owned: String, first: PathBuf },
+    OwnedNotFirst {
+        /// Our owned file.
+        owned: String,
+        /// The file that sorts before it.
+        first: PathBuf,
+    },
     /// A higher-priority file appeared, so runtimes no longer load the file holding our entry.
     #[error("CNI config {installed} is preempted by {by}")]
-    Preempted { installed: PathBuf, by: PathBuf },
+    Preempted {
+        /// The file holding our entry.
+        installed: PathBuf,
+        /// The file that preempts it.
+        by: PathBuf,
+    },
     /// The file holding our config is gone.
     #[error("CNI config {path} was removed")]
-    Missing { path: PathBuf },
+    Missing {
+        /// The file concerned.
+        path: PathBuf,
+    },
     /// The file cannot be read or parsed.
     #[error(transparent)]
     Unusable(#[from] ConfError),
     /// Our entry is not in the file (or the standalone file is not ours any more).
     #[error("istio-cni entry missing from {path}")]
-    EntryMissing { path: PathBuf },
+    EntryMissing {
+        /// The file concerned.
+        path: PathBuf,
+    },
     /// Our entry is there but differs from what we would write.
     #[error("istio-cni entry in {path} was modified")]
-    EntryChanged { path: PathBuf },
+    EntryChanged {
+        /// The file concerned.
+        path: PathBuf,
+    },
     /// Our entry is duplicated or no longer the last plugin of the chain.
     #[error("istio-cni entry in {path} is duplicated or not last")]
-    EntryMisplaced { path: PathBuf },
+    EntryMisplaced {
+        /// The file concerned.
+        path: PathBuf,
+    },
     /// Owned mode: the primary changed since we copied its plugins.
     #[error("{path} no longer matches its primary {primary}")]
-    PrimaryChanged { path: PathBuf, primary: PathBuf },
+    PrimaryChanged {
+        /// The file concerned.
+        path: PathBuf,
+        /// The primary config it was copied from.
+        primary: PathBuf,
+    },
 }
 
 /// Checks that the config we installed at `installed` is still in effect, with Istio's pass/fail

@@ -38,17 +38,42 @@ pub enum Malformed {
 pub enum ConfError {
     /// The CNI config directory could not be listed.
     #[error("listing CNI config dir {path}: {source}")]
-    ListDir { path: PathBuf, source: io::Error },
+    ListDir {
+        /// The file concerned.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: io::Error,
+    },
     /// A config file could not be read (or its mode not read).
     #[error("reading CNI config {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
+    Read {
+        /// The file concerned.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: io::Error,
+    },
     /// A config file could not be written or renamed into place.
     #[error("writing CNI config {path}: {source}")]
-    Write { path: PathBuf, source: io::Error },
+    Write {
+        /// The file concerned.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: io::Error,
+    },
     /// A config file could not be deleted.
     #[error("removing CNI config {path}: {source}")]
-    Remove { path: PathBuf, source: io::Error },
+    Remove {
+        /// The file concerned.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: io::Error,
+    },
     /// A config file's content is unusable.
     #[error("CNI config {path}: {reason}")]
-    Malformed { path: PathBuf, reason: Malformed },
+    Malformed {
+        /// The file concerned.
+        path: PathBuf,
+        /// What is wrong with its content.
+        reason: Malformed,
+    },
 }

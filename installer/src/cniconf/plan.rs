@@ -71,7 +71,12 @@ pub enum Change {
     /// The file was (re)written in place.
     Wrote(PathBuf),
     /// `from` was rewritten and renamed to `to` (a `.conf` converted into a `.conflist`).
-    Converted { from: PathBuf, to: PathBuf },
+    Converted {
+        /// The original file.
+        from: PathBuf,
+        /// The file it became.
+        to: PathBuf,
+    },
     /// The file was deleted.
     Deleted(PathBuf),
 }
