@@ -77,10 +77,7 @@ pub fn run() -> Result<(), Stop> {
     let mut installer = Installer::new(&cluster);
     // Its probe and metrics ports move aside: the node agent serves the default ones in the same (node) netns.
     let readiness_port = INSTALLER_READINESS_PORT.to_string();
-    installer
-        .env("AMBIENT_ENABLED", "true")
-        .env("READINESS_PORT", &readiness_port)
-        .env("MONITORING_PORT", "15015");
+    installer.env("AMBIENT_ENABLED", "true").env("READINESS_PORT", &readiness_port).env("MONITORING_PORT", "15015");
     track_dir(installer.sa.path().to_path_buf());
     if let Some(scratch) = installer.source_dir.parent() {
         track_dir(scratch.to_path_buf());

@@ -6,7 +6,7 @@
 //! Covered elsewhere: the plugin failing closed (code 11) with the API down (`plugin_sidecar.rs::
 //! add_fails_closed_with_code_11_when_the_api_server_is_down`), a ZDS client sending garbage to the agent
 //! (`ambient_lifecycle.rs::misbehaving_proxies_are_dropped_with_a_logged_error_and_the_agent_keeps_serving`), the
-//! proxy killed under load and garbage from the agent's side (`hbone-proxy/tests/faults.rs`).
+//! proxy killed under load and garbage from the agent's side (`e2e/tests/proxy_faults.rs`).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -3,8 +3,8 @@
 //!
 //! Covered elsewhere: the kubeconfig's 0600 mode (`installer.rs::installs_into_a_bridge_conflist_and_a_new_
 //! sidecar_pod_gets_its_rules`), mTLS refusals, plaintext on 15008 and the proxy's own logs
-//! (`hbone-proxy/tests/security.rs`, `hbone-proxy/tests/errors.rs`), CONNECT to the proxy's own ports
-//! (`hbone-proxy/tests/errors.rs::b_answers_protocol_errors_with_400_and_503`).
+//! (`e2e/tests/proxy_security.rs`, `e2e/tests/proxy_errors.rs`), CONNECT to the proxy's own ports
+//! (`e2e/tests/proxy_errors.rs::b_answers_protocol_errors_with_400_and_503`).
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;

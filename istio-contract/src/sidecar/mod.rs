@@ -183,7 +183,6 @@ pub fn settings(pod: &PodInfo, pod_has_ipv6: bool) -> Result<SidecarConfig, Sett
     })
 }
 
-
 /// How inbound traffic reaches the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InterceptMode {

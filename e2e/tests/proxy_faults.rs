@@ -124,7 +124,7 @@ struct LoneProxy {
 impl LoneProxy {
     fn start(node: &NetnsGuard, dir: &Path, uds: &Path) -> Self {
         let log = dir.join("hbone-proxy.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hbone-proxy"));
+        let mut cmd = Command::new(testbed::bins::path("hbone-proxy"));
         cmd.env_clear()
             .env("INPOD_UDS", uds)
             .env("STATE_DIR", dir.join("state"))
