@@ -10,8 +10,8 @@ use testbed::NetworkConfigList;
 use crate::attach::timed_add;
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
+use crate::stats::Counts;
 use crate::stats::{us, Summary};
-use crate::Counts;
 
 /// Why the `netns` phase is empty in this scenario.
 const NETNS_NOTE: &str = "\nThe `netns` phase counts /proc discoveries (pods enrolled by a label change or after a \

@@ -18,8 +18,8 @@ use crate::apps::{self, Mode, Server, ECHO_PORT, SINK_PORT};
 use crate::attach::{timed_add, Attached};
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
+use crate::stats::Counts;
 use crate::stats::{gbps, ratio, us, Summary};
-use crate::Counts;
 
 /// What profiling the throughput run showed (kept with the table so the figure can be explained).
 const PROFILE_NOTE: &str = "\nWhere the time goes (`perf record` of hbone-proxy during a same-node transfer): the \

@@ -11,8 +11,8 @@ use testbed::install_cni::Installer;
 use testbed::Cluster;
 
 use crate::report::Section;
+use crate::stats::Counts;
 use crate::stats::Summary;
-use crate::Counts;
 
 const CONF_FILE: &str = "10-bridge.conflist";
 /// How long one repair may take before the run is declared broken.

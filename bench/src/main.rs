@@ -17,14 +17,7 @@ mod stats;
 
 use clap::{Parser, ValueEnum};
 
-/// Warm-up and timed iteration counts of a scenario.
-#[derive(Debug, Clone, Copy)]
-pub struct Counts {
-    /// Untimed rounds first.
-    pub warmup: usize,
-    /// Timed rounds.
-    pub iterations: usize,
-}
+use crate::stats::Counts;
 
 /// The scenarios, named as in BENCHMARKS.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

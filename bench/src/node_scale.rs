@@ -12,8 +12,8 @@ use testbed::pod_process::PodProcess;
 
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
+use crate::stats::Counts;
 use crate::stats::{us, Summary};
-use crate::Counts;
 
 /// A pod range with room for thousands of pods (the test node's default is a /24).
 const SUBNET: (&str, &str) = ("10.200.0.0/20", "10.200.0.1");

@@ -14,8 +14,8 @@ use redirect::nft::layout::NftLayout;
 use redirect::sidecar::{build, InterceptMode, Plan, SidecarConfig};
 
 use crate::report::Section;
+use crate::stats::Counts;
 use crate::stats::{ratio, Summary};
-use crate::Counts;
 
 /// The nftables issue's target: native nftables vs the `iptables-nft-restore` exec.
 const TARGET_RATIO: f64 = 5.0;

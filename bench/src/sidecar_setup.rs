@@ -15,8 +15,8 @@ use crate::attach::timed_add;
 use crate::pod_rules::fresh_netns;
 use crate::report::Section;
 use crate::scene::install_kubeconfig;
+use crate::stats::Counts;
 use crate::stats::{ratio, us, Summary};
-use crate::Counts;
 
 /// The benchmark issue's target: our plugin's added cost with native nftables vs the restore exec.
 const TARGET_RATIO: f64 = 5.0;

@@ -61,3 +61,12 @@ mod unit_tests {
         Duration::from_millis(n)
     }
 }
+
+/// Warm-up and timed iteration counts of a scenario.
+#[derive(Debug, Clone, Copy)]
+pub struct Counts {
+    /// Untimed rounds first.
+    pub warmup: usize,
+    /// Timed rounds.
+    pub iterations: usize,
+}

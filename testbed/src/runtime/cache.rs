@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{NetworkConfigList, RuntimeConf, RuntimeError};
+use super::config::{NetworkConfigList, RuntimeConf};
+use super::error::RuntimeError;
 
 /// File holding the cached attachment of `conf` on network `network`: `<dir>/results/<net>-<id>-<ifname>`.
 pub(super) fn entry_path(dir: &Path, network: &str, conf: &RuntimeConf) -> PathBuf {

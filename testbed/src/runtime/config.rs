@@ -1,10 +1,10 @@
 //! Network configuration lists (`.conflist`) and the per-plugin config a runtime derives from them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use super::RuntimeError;
+use super::error::RuntimeError;
 
 /// A parsed `.conflist`: `{cniVersion, name, disableCheck?, plugins: [...]}`; kept as JSON so tests can
 /// feed arbitrary (also odd) plugin configs through.
@@ -151,5 +151,49 @@ mod tests {
         let l = list();
         assert!(l.version_at_least((0, 4, 0)));
         assert!(!l.version_at_least((1, 1, 0)));
+    }
+}
+
+/// The per-attachment parameters a runtime passes to plugins (libcni's `RuntimeConf`).
+#[derive(Debug, Clone)]
+pub struct RuntimeConf {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_NETNS`: path of the pod's network namespace.
+    pub netns: PathBuf,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// `CNI_ARGS` pairs, joined as `K=V;K=V` in this order.
+    pub args: Vec<(String, String)>,
+    /// Capability args (e.g. `portMappings`), given to plugins that declare the capability as `runtimeConfig`.
+    pub capability_args: Map<String, Value>,
+}
+
+impl RuntimeConf {
+    /// An attachment of container `container_id` in netns `netns` on `eth0`, without args.
+    pub fn new(container_id: impl Into<String>, netns: impl Into<PathBuf>) -> Self {
+        Self {
+            container_id: container_id.into(),
+            netns: netns.into(),
+            ifname: "eth0".into(),
+            args: Vec::new(),
+            capability_args: Map::new(),
+        }
+    }
+
+    /// Adds a `CNI_ARGS` pair.
+    pub fn arg(mut self, key: &str, value: &str) -> Self {
+        self.args.push((key.into(), value.into()));
+        self
+    }
+
+    /// Sets a capability arg (what kubelet/podman put in `runtimeConfig`, e.g. `portMappings`).
+    pub fn capability(mut self, name: &str, value: Value) -> Self {
+        self.capability_args.insert(name.into(), value);
+        self
+    }
+
+    pub(super) fn cni_args(&self) -> String {
+        self.args.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(";")
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use netns::Netns;
 
-use super::RuntimeError;
+use super::error::RuntimeError;
 
 /// What a plugin process did: exit status and everything it printed.
 #[derive(Debug, Clone)]

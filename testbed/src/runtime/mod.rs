@@ -13,56 +13,12 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-pub use config::NetworkConfigList;
+pub use config::{NetworkConfigList, RuntimeConf};
 pub use error::{PluginError, RuntimeError};
 pub use exec::RawOutput;
 
 /// How long a plugin may run before it is killed, so a hung plugin cannot hang the suite.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The per-attachment parameters a runtime passes to plugins (libcni's `RuntimeConf`).
-#[derive(Debug, Clone)]
-pub struct RuntimeConf {
-    /// `CNI_CONTAINERID`.
-    pub container_id: String,
-    /// `CNI_NETNS`: path of the pod's network namespace.
-    pub netns: PathBuf,
-    /// `CNI_IFNAME`.
-    pub ifname: String,
-    /// `CNI_ARGS` pairs, joined as `K=V;K=V` in this order.
-    pub args: Vec<(String, String)>,
-    /// Capability args (e.g. `portMappings`), given to plugins that declare the capability as `runtimeConfig`.
-    pub capability_args: Map<String, Value>,
-}
-
-impl RuntimeConf {
-    /// An attachment of container `container_id` in netns `netns` on `eth0`, without args.
-    pub fn new(container_id: impl Into<String>, netns: impl Into<PathBuf>) -> Self {
-        Self {
-            container_id: container_id.into(),
-            netns: netns.into(),
-            ifname: "eth0".into(),
-            args: Vec::new(),
-            capability_args: Map::new(),
-        }
-    }
-
-    /// Adds a `CNI_ARGS` pair.
-    pub fn arg(mut self, key: &str, value: &str) -> Self {
-        self.args.push((key.into(), value.into()));
-        self
-    }
-
-    /// Sets a capability arg (what kubelet/podman put in `runtimeConfig`, e.g. `portMappings`).
-    pub fn capability(mut self, name: &str, value: Value) -> Self {
-        self.capability_args.insert(name.into(), value);
-        self
-    }
-
-    fn cni_args(&self) -> String {
-        self.args.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(";")
-    }
-}
 
 /// The fake runtime: where plugins live, where results are cached, and which netns plugins are spawned in.
 #[derive(Debug, Clone)]

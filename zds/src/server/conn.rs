@@ -9,7 +9,8 @@ use crate::messages::{workload_request, workload_response, Version, WorkloadRequ
 use crate::transport::SeqpacketConn;
 use crate::ZdsError;
 
-use super::{SnapshotSource, ZdsHandle};
+use super::handle::ZdsHandle;
+use super::snapshot::SnapshotSource;
 
 /// Serves connection `id` until it closes or misbehaves; logs why it ended.
 pub(super) async fn run(

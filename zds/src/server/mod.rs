@@ -7,20 +7,20 @@
 
 mod conn;
 mod handle;
+mod snapshot;
 
 use std::future::Future;
-use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use crate::messages::WorkloadInfo;
 use crate::transport::SeqpacketListener;
 use crate::ZdsError;
 
 pub use handle::ZdsHandle;
+pub use snapshot::{PodSnapshotEntry, SnapshotSource};
 
 /// Tunables of the server; the defaults are Istio's.
 #[derive(Clone, Debug)]
@@ -34,32 +34,6 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig { io_timeout: Duration::from_secs(5), socket_mode: 0o770 }
-    }
-}
-
-/// One enrolled pod as the agent's cache knows it, for the snapshot a new proxy connection receives.
-#[derive(Clone, Debug)]
-pub struct PodSnapshotEntry {
-    /// Pod UID.
-    pub uid: String,
-    /// Pod identity, sent with the Add.
-    pub info: WorkloadInfo,
-    /// The pod's netns; `None` (not found) sends `KeepWorkload` instead of `AddWorkload`.
-    pub netns: Option<Arc<OwnedFd>>,
-}
-
-/// Where the server gets the current set of enrolled pods each time a proxy connects.
-pub trait SnapshotSource: Send + Sync + 'static {
-    /// The pods to send, in the order to send them.
-    fn snapshot(&self) -> Vec<PodSnapshotEntry>;
-}
-
-impl<F> SnapshotSource for F
-where
-    F: Fn() -> Vec<PodSnapshotEntry> + Send + Sync + 'static,
-{
-    fn snapshot(&self) -> Vec<PodSnapshotEntry> {
-        self()
     }
 }
 
