@@ -3,12 +3,12 @@
 
 use std::net::{SocketAddr, SocketAddrV4};
 
-use istio_contract::{ports, proxy};
+use istio_contract::{names, ports, proxy};
 use serde_json::{json, Value};
 use testbed::mesh::{plain_pod, RuleBackend};
 use testbed::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, Reply, RequestKind,
-    ZdsPeer, DATAPLANE_MODE, PROBE_SNAT_V4,
+    ZdsPeer,
 };
 use testbed::runtime::RuntimeError;
 use testbed::wait::eventually;
@@ -82,7 +82,7 @@ fn add_returns_after_the_proxy_got_the_pod_netns_and_the_pod_is_redirected() {
 #[test]
 fn pods_of_a_labelled_namespace_are_enrolled_unless_they_opt_out() {
     let (c, agent) = setup(RuleBackend::Nftables);
-    c.api.upsert(namespace("mesh", json!({ DATAPLANE_MODE: "ambient" }))).expect("store namespace");
+    c.api.upsert(namespace("mesh", json!({ names::DATAPLANE_MODE_LABEL: "ambient" }))).expect("store namespace");
     let peer = ZdsPeer::connect(&agent);
     let list = ambient_conflist(&c);
 
@@ -94,7 +94,7 @@ fn pods_of_a_labelled_namespace_are_enrolled_unless_they_opt_out() {
     assert_eq!(redirection(&c, "mesh", "web").as_deref(), Some("enabled"));
 
     let mut opted_out = plain_pod("mesh", "batch");
-    opted_out["metadata"]["labels"] = json!({ DATAPLANE_MODE: "none" });
+    opted_out["metadata"]["labels"] = json!({ names::DATAPLANE_MODE_LABEL: "none" });
     c.create(&opted_out);
     let _batch = c.node.try_add_pod_with(list, "batch", "mesh").expect("ADD of mesh/batch");
     assert!(peer.received_for(RequestKind::Add, &uid(&c, "mesh", "batch")).is_empty(), "{:?}", peer.received());
@@ -198,7 +198,7 @@ fn host_connections_to_an_enrolled_pod_come_from_the_probe_address() {
         let app = web.netns.listen_tcp(APP_PORT);
         c.node.netns().connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("host connects");
         let got = app.accepted();
-        assert_eq!(got.peer.ip(), std::net::IpAddr::V4(PROBE_SNAT_V4), "{backend:?}: SNAT to the probe address");
+        assert_eq!(got.peer.ip(), std::net::IpAddr::V4(proxy::PROBE_SNAT_V4), "{backend:?}: SNAT to the probe address");
     });
 }
 
@@ -249,7 +249,7 @@ fn a_reused_ip_keeps_the_new_pods_probe_entry() {
 
         let app = new.netns.listen_tcp(APP_PORT);
         c.node.netns().connect_tcp(SocketAddr::V4(v4(new.ip, APP_PORT)), None).expect("host connects");
-        assert_eq!(app.accepted().peer.ip(), std::net::IpAddr::V4(PROBE_SNAT_V4), "{backend:?}: entry kept");
+        assert_eq!(app.accepted().peer.ip(), std::net::IpAddr::V4(proxy::PROBE_SNAT_V4), "{backend:?}: entry kept");
     });
 }
 

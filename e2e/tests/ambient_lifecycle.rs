@@ -13,12 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use istio_contract::ports;
+use istio_contract::{names, ports};
 use serde_json::{json, Value};
 use testbed::mesh::{annotate, plain_pod, sidecar_pod, RuleBackend};
 use testbed::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, RequestKind,
-    ZdsPeer, BROKEN_POD_LABEL, CONNMARK_RULE, DATAPLANE_MODE, VALIDATION_CONTAINER,
+    ZdsPeer, BROKEN_POD_LABEL, CONNMARK_RULE, VALIDATION_CONTAINER,
 };
 use testbed::pod_process::PodProcess;
 use testbed::wait::{eventually, eventually_or};
@@ -89,7 +89,7 @@ fn labelling_a_namespace_enrolls_its_running_pods_through_proc_and_unlabelling_r
         assert!(has_no_inpod_rules(&inpod_rules(&pod.netns)));
     }
 
-    c.api.upsert(namespace("lab", json!({ DATAPLANE_MODE: "ambient" }))).expect("label namespace");
+    c.api.upsert(namespace("lab", json!({ names::DATAPLANE_MODE_LABEL: "ambient" }))).expect("label namespace");
     for ((name, id), pod) in names.iter().zip(&ids).zip(&pods) {
         let add = eventually(&format!("the proxy receives AddWorkload for lab/{name}"), || {
             peer.received_for(RequestKind::Add, id).pop()

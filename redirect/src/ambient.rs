@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use istio_contract::ports;
-use istio_contract::proxy::PROXY_MARK;
+use istio_contract::proxy::{PROBE_SNAT_V4, PROBE_SNAT_V6, PROXY_MARK};
 use netns::Netns;
 
 use crate::iptables::{self, IptablesBackend, IptablesError};
@@ -36,10 +36,6 @@ pub const ROUTE_TABLE: u32 = 100;
 pub const RULE_PRIORITY: u32 = 32764;
 /// Conntrack zone that keeps DNS to and from the proxy apart from the pod's own DNS flows.
 pub const DNS_CT_ZONE: u16 = 1;
-/// Default source address the host rewrites kubelet probes to (and pods accept unredirected).
-pub const PROBE_SNAT_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
-/// Default IPv6 probe source address.
-pub const PROBE_SNAT_V6: Ipv6Addr = Ipv6Addr::new(0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff);
 /// nftables table prefix of the in-pod rules (`istio-ambient-nat`, ...).
 pub const NFT_PREFIX: &str = "istio-ambient";
 

@@ -306,7 +306,7 @@ fn host_probe_snat(backend: Backend) {
     assert_eq!(net.probe_source(18080), "10.77.0.1".parse::<IpAddr>().unwrap(), "{backend}: not enrolled yet");
 
     probe.add("pod-uid-1", &[pod_ip]).unwrap_or_else(|e| panic!("{backend}: add: {e}"));
-    assert_eq!(net.probe_source(18081), IpAddr::V4(ambient::PROBE_SNAT_V4), "{backend}: probe source");
+    assert_eq!(net.probe_source(18081), IpAddr::V4(istio_contract::proxy::PROBE_SNAT_V4), "{backend}: probe source");
 
     probe.remove("pod-uid-1", &[pod_ip]).unwrap_or_else(|e| panic!("{backend}: remove: {e}"));
     assert!(probe.entries().unwrap().is_empty(), "{backend}");

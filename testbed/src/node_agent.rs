@@ -24,11 +24,6 @@ use crate::mesh::{plain_pod, Cluster, RuleBackend};
 use crate::wait::eventually;
 use crate::{bins, NetnsGuard};
 
-/// The label (on a pod or its namespace) that enrolls pods in ambient with Istio's default selectors.
-pub const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
-/// The source address host-originated traffic to enrolled pods gets (host probe SNAT).
-pub const PROBE_SNAT_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 7, 127);
-
 /// The agent's own debug logs, without the HTTP and TLS client chatter.
 const LOG_LEVEL: &str = "debug,hyper_util=info,kube_client=info,tower=info,rustls=info,rustls_platform_verifier=info";
 
@@ -37,7 +32,7 @@ static RUNS: AtomicUsize = AtomicUsize::new(0);
 /// A Pod object without a sidecar, labelled into ambient.
 pub fn ambient_pod(namespace: &str, name: &str) -> Value {
     let mut pod = plain_pod(namespace, name);
-    pod["metadata"]["labels"] = json!({ DATAPLANE_MODE: "ambient" });
+    pod["metadata"]["labels"] = json!({ names::DATAPLANE_MODE_LABEL: "ambient" });
     pod
 }
 

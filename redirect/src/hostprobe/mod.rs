@@ -16,7 +16,6 @@ use netns::{Netns, NetnsError};
 
 pub use ipset::IpsetError;
 
-use crate::ambient::{PROBE_SNAT_V4, PROBE_SNAT_V6};
 use crate::backend::Backend;
 use crate::iptables::{chains, IptablesError};
 use crate::model::{Family, Match, Protocol, Rule, RuleSet, Table, Target};
@@ -24,6 +23,7 @@ use crate::nft::layout::{BaseChain, Hook, NftChain};
 use crate::nft::set::{self, AddrSet, Element};
 use crate::nft::stmt::{AddrField, Stmt};
 use crate::nft::NftError;
+use istio_contract::proxy::{PROBE_SNAT_V4, PROBE_SNAT_V6};
 
 /// Set name prefix Istio uses (`-v4` / `-v6` appended).
 pub const SET_PREFIX: &str = "istio-inpod-probes";
