@@ -19,6 +19,8 @@ packages=(
 )
 # hbone-proxy's end-to-end tests capture the pods' veths to prove only TLS on 15008 crosses the wire.
 packages+=(tcpdump)
+# The proxy's resource tests count the threads it creates.
+packages+=(strace)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -1,7 +1,8 @@
 //! The one `main` every long-running binary shares (install-cni, the node agent, the node proxy), so they start,
 //! report and stop the same way: parse the settings, validate them (exit 2 with a message naming the setting),
-//! start logging, build the runtime, install the SIGTERM/SIGINT handlers, serve the probes, run the binary, then
-//! drain, waiting for in-flight work at most the configured deadline (`CONNECTION_TERMINATION_DEADLINE`).
+//! start logging, build the runtime, raise the open-files limit, install the SIGTERM/SIGINT handlers, serve the
+//! probes, run the binary, then drain, waiting for in-flight work at most the configured deadline
+//! (`CONNECTION_TERMINATION_DEADLINE`).
 //!
 //! ```ignore
 //! fn main() -> std::process::ExitCode {
@@ -133,6 +134,10 @@ where
     E: Display,
 {
     tracing::info!(config = ?config, "starting");
+    // Every binary holds descriptors other parties make it open (pod connections, netns handles, plugin
+    // sockets): start with all the node allows, not the container runtime's default soft limit, as Go does.
+    crate::listener::raise_open_files_limit()
+        .map_err(|e| format!("raising RLIMIT_NOFILE to its hard limit: {e}"))?;
     let shutdown = signals::shutdown_signal().map_err(|e| display_chain(&e))?;
     let probes = ProbeState::new(Arc::default());
     let startup = probes.blocker("startup", "starting");

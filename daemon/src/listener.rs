@@ -2,7 +2,8 @@
 //! connections are served at once (the excess is closed at once, and counted in a rate-limited warning), backs
 //! off when accepting fails (say, out of file descriptors) instead of spinning, and stops accepting when the
 //! drain starts; each connection holds the drain open until it is done. [`crate::http`] serves HTTP/1 on it; a
-//! plain stream socket (the node agent's plugin log socket) uses [`serve`] directly.
+//! plain stream socket (the node agent's plugin log socket) uses [`serve`] directly. A server that takes
+//! connections from others raises its open-files limit at start ([`raise_open_files_limit`]).
 
 use std::future::Future;
 use std::io;
@@ -69,6 +70,32 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, Error> {
     let listener = UnixListener::bind(path).map_err(fail)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)?;
     Ok(listener)
+}
+
+/// The open-files limit (`RLIMIT_NOFILE`) of this process, as [`raise_open_files_limit`] found and left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFilesLimit {
+    /// The soft limit the process started with.
+    pub soft_before: u64,
+    /// The soft limit now: the hard limit.
+    pub soft: u64,
+    /// The hard limit, which only a privileged process may raise.
+    pub hard: u64,
+}
+
+/// Raises this process's soft limit on open files to its hard limit, and logs both. The soft limit a process
+/// inherits is often 1024, far below what a node's worth of connections or pods needs, while the hard limit is
+/// what the operator (the container runtime, systemd) allows; Go programs such as Istio's agents do the same at
+/// start, and so does ztunnel. Returns the limits found and set.
+pub fn raise_open_files_limit() -> io::Result<OpenFilesLimit> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft_before, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft_before < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    tracing::info!(soft_before, soft, hard, "open files limit (RLIMIT_NOFILE): soft limit set to the hard limit");
+    Ok(OpenFilesLimit { soft_before, soft, hard })
 }
 
 /// Accepts connections on `listener` until `drain` is signalled, then closes it. Each connection runs
@@ -169,6 +196,19 @@ impl Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_open_files_soft_limit_is_raised_to_the_hard_limit() {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        // Lower the soft limit (any process may), as a runtime's default would leave it.
+        let lowered = soft.min(hard).min(512);
+        setrlimit(Resource::RLIMIT_NOFILE, lowered, hard).unwrap();
+        let limit = raise_open_files_limit().unwrap();
+        assert_eq!(limit, OpenFilesLimit { soft_before: lowered, soft: hard, hard });
+        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (hard, hard));
+        setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    }
 
     #[test]
     fn throttle_lets_the_first_through_then_counts() {

@@ -137,7 +137,13 @@ fn show_traffic(cluster: &Cluster, proxy: &Proxy, client: &Pod, server: &Pod) ->
         Some((find("outbound")?, find("inbound")?))
     })?;
     progress(9, format_args!("traffic: {NS}/{CLIENT} app -> {}, {} KiB each way", outbound.dst_addr, PAYLOAD / 1024))?;
-    detail(format_args!("HBONE (mTLS to {}:15008): {} -> {}", server.ip, outbound.src_identity, outbound.dst_identity));
+    detail(format_args!(
+        "HBONE (mTLS to {}:{}): {} -> {}",
+        server.ip,
+        ports::HBONE,
+        outbound.src_identity,
+        outbound.dst_identity
+    ));
     detail(format_args!(
         "bytes: {} sent, {} echoed back (client proxy's access log); server proxy: {} in, {} out; \
          the server app saw the client's own IP {}",

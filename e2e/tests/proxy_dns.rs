@@ -1,22 +1,25 @@
 //! DNS through the in-pod forwarder: the real node agent (nftables in-pod rules, which capture port 53) and the
 //! real `hbone-proxy` with `DNS_UPSTREAMS` pointing at a tiny DNS server this test runs on the node's bridge
 //! address. An ambient pod asks a resolver address nobody serves (10.96.0.10) and gets the server's answer,
-//! over UDP and over TCP; with the server gone it gets SERVFAIL; with the proxy gone it gets nothing.
+//! over UDP and over TCP; with the server gone it gets SERVFAIL; with the proxy gone it gets nothing. And a pod
+//! flooding the forwarder (issue #14's acceptance: 20,000 queries in 2 s to an upstream that never answers it)
+//! neither grows the proxy's memory unboundedly nor keeps another pod from resolving.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use testbed::mesh::RuleBackend;
 use testbed::node_agent::{ambient_conflist, ambient_pod, namespace, NodeAgent};
+use testbed::wait::eventually;
 use testbed::{Cluster, NetnsGuard, Pod};
 
 mod support;
-use support::Proxy;
+use support::{metric, Proxy};
 
 const NS: &str = "shop";
 /// A cluster DNS address no one serves: only the in-pod capture can answer queries sent there.
@@ -67,15 +70,23 @@ fn assert_fixed_answer(answer: &[u8], id: u16) {
 /// How the test server saw a query arrive.
 type Seen = Arc<Mutex<Vec<(&'static str, SocketAddr)>>>;
 
-/// A DNS server on `ip:53`, UDP and TCP, in the node netns, answering every query with [`fixed_answer`].
+/// A DNS server on `ip:53`, UDP and TCP, in the node netns, answering every query with [`fixed_answer`] (but
+/// UDP queries from the address it ignores, if any).
 struct DnsServer {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     seen: Seen,
+    ignored: Arc<AtomicUsize>,
 }
 
 impl DnsServer {
     fn start(node: &NetnsGuard, ip: Ipv4Addr) -> Self {
+        Self::start_ignoring(node, ip, None)
+    }
+
+    /// Like [`DnsServer::start`], never answering (only counting) UDP queries from `ignore`: an upstream that is
+    /// unresponsive to that pod and works for every other.
+    fn start_ignoring(node: &NetnsGuard, ip: Ipv4Addr, ignore: Option<IpAddr>) -> Self {
         let ns = node.open().expect("open node netns");
         let (udp, tcp) = ns
             .run(|| -> io::Result<(UdpSocket, TcpListener)> {
@@ -85,12 +96,15 @@ impl DnsServer {
             .expect("bind the test DNS server");
         udp.set_read_timeout(Some(Duration::from_millis(20))).expect("udp timeout");
         tcp.set_nonblocking(true).expect("nonblocking listener");
-        let (stop, seen) = (Arc::new(AtomicBool::new(false)), Seen::default());
-        let (udp_stop, udp_seen) = (stop.clone(), seen.clone());
+        let (stop, seen, ignored) = (Arc::new(AtomicBool::new(false)), Seen::default(), Arc::new(AtomicUsize::new(0)));
+        let (udp_stop, udp_seen, udp_ignored) = (stop.clone(), seen.clone(), Arc::clone(&ignored));
         let udp_thread = std::thread::spawn(move || {
             let mut buf = [0; 512];
             while !udp_stop.load(Ordering::SeqCst) {
                 match udp.recv_from(&mut buf) {
+                    Ok((_, peer)) if Some(peer.ip()) == ignore => {
+                        udp_ignored.fetch_add(1, Ordering::SeqCst);
+                    }
                     Ok((n, peer)) => {
                         udp_seen.lock().unwrap().push(("udp", peer));
                         udp.send_to(&fixed_answer(&buf[..n]), peer).expect("send udp answer");
@@ -118,7 +132,12 @@ impl DnsServer {
                 }
             }
         });
-        DnsServer { stop, threads: vec![udp_thread, tcp_thread], seen }
+        DnsServer { stop, threads: vec![udp_thread, tcp_thread], seen, ignored }
+    }
+
+    /// How many UDP queries from the ignored address arrived.
+    fn ignored(&self) -> usize {
+        self.ignored.load(Ordering::SeqCst)
     }
 
     /// Closes both sockets: the node then refuses port 53.
@@ -219,6 +238,8 @@ fn an_ambient_pods_dns_is_answered_through_the_forwarder() {
 
     let answer = ask_udp(&pod, &query(0x1001)).expect("a UDP answer from 10.96.0.10:53");
     assert_fixed_answer(&answer, 0x1001);
+    let answer = ask_udp(&pod, &query(0x1002)).expect("a second UDP answer");
+    assert_fixed_answer(&answer, 0x1002);
     let answers = ask_tcp(&pod, &[0x2001, 0x2002]);
     for (id, answer) in &answers {
         assert_fixed_answer(answer, *id);
@@ -228,8 +249,10 @@ fn an_ambient_pods_dns_is_answered_through_the_forwarder() {
     // UDP as UDP and TCP as TCP.
     let seen = server.seen();
     let from_pod = |transport| seen.iter().filter(|(t, peer)| *t == transport && peer.ip() == pod.ip).count();
-    assert_eq!(from_pod("udp"), 1, "one UDP query from the pod's IP: {seen:?}");
-    assert_eq!(from_pod("tcp"), 2, "one upstream TCP connection per query, from the pod's IP: {seen:?}");
+    assert_eq!(from_pod("udp"), 2, "both UDP queries from the pod's IP: {seen:?}");
+    let udp_ports: Vec<u16> = seen.iter().filter(|(t, _)| *t == "udp").map(|(_, peer)| peer.port()).collect();
+    assert_eq!(udp_ports[0], udp_ports[1], "the pod's upstream UDP socket is reused, not made per query: {seen:?}");
+    assert_eq!(from_pod("tcp"), 1, "one upstream TCP connection carried both pipelined queries: {seen:?}");
     assert!(proxy.log().contains("dns answer relayed"), "the forwarder relayed the answers");
 
     // Upstream gone: the forwarder answers SERVFAIL instead of leaving the client waiting.
@@ -243,4 +266,141 @@ fn an_ambient_pods_dns_is_answered_through_the_forwarder() {
     proxy.stop();
     assert!(ask_udp(&pod, &query(0x5001)).is_err(), "no UDP answer without the proxy");
     assert!(connect_tcp(&pod).is_err(), "no TCP DNS without the proxy");
+}
+
+/// The issue's flood: this many queries...
+const FLOOD_QUERIES: u16 = 20_000;
+/// ...spread evenly over this long.
+const FLOOD_SPAN: Duration = Duration::from_secs(2);
+/// How much the proxy's resident memory may grow under the flood (issue #14's acceptance).
+const RSS_GROWTH_LIMIT_KIB: u64 = 50 * 1024;
+/// Client TCP connections the flooding pod opens at once: more than the forwarder's per-pod cap (32).
+const FLOOD_TCP_CONNECTIONS: usize = 40;
+
+/// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/<pid>/status");
+    let value = status.lines().find_map(|line| line.strip_prefix(field)?.strip_prefix(':'));
+    let value = value.and_then(|v| v.trim().strip_suffix("kB")?.trim().parse().ok());
+    value.unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Sends [`FLOOD_QUERIES`] queries from inside `pod` to [`CLUSTER_DNS`] over [`FLOOD_SPAN`], from 16 sockets (as
+/// many client ports), never reading an answer. Returns how long the sending took.
+fn flood(pod: &Pod) -> Duration {
+    let ns = pod.netns.open().expect("open pod netns");
+    ns.run(|| {
+        let sockets: Vec<UdpSocket> = (0..16)
+            .map(|_| {
+                let socket = UdpSocket::bind("0.0.0.0:0").expect("bind a flood socket");
+                socket.connect(CLUSTER_DNS).expect("connect a flood socket");
+                socket
+            })
+            .collect();
+        let batches: u16 = 100;
+        let start = Instant::now();
+        for batch in 0..batches {
+            // Pacing, not waiting for anything: batch k leaves k/100 of the way through the span.
+            let due = start + FLOOD_SPAN * u32::from(batch) / u32::from(batches);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            for n in batch * (FLOOD_QUERIES / batches)..(batch + 1) * (FLOOD_QUERIES / batches) {
+                sockets[usize::from(n) % sockets.len()].send(&query(n)).expect("send a flood query");
+            }
+        }
+        start.elapsed()
+    })
+    .expect("enter pod netns")
+}
+
+#[test]
+fn a_pods_dns_flood_keeps_the_proxys_memory_bounded_and_other_pods_resolving() {
+    let cluster = Cluster::with_backend(RuleBackend::Nftables);
+    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+    let agent = NodeAgent::start(&cluster, &[]);
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let gateway = cluster.node.gateway();
+    let upstream = format!("{gateway}:53");
+    let proxy = Proxy::start(
+        &cluster,
+        &agent,
+        dir.path(),
+        &dir.path().join("workloads.yaml"),
+        &[("DNS_UPSTREAMS", upstream.as_str())],
+    );
+    for name in ["flooder", "neighbour"] {
+        cluster.create(&ambient_pod(NS, name));
+    }
+    let flooder = cluster.node.try_add_pod_with(ambient_conflist(&cluster), "flooder", NS).expect("CNI ADD");
+    let neighbour = cluster.node.try_add_pod_with(ambient_conflist(&cluster), "neighbour", NS).expect("CNI ADD");
+    // One upstream for the whole node (DNS_UPSTREAMS), unresponsive to the flooder and working for the neighbour.
+    let server = DnsServer::start_ignoring(cluster.node.netns(), gateway, Some(flooder.ip.into()));
+    assert_fixed_answer(&ask_udp(&neighbour, &query(1)).expect("the neighbour resolves before the flood"), 1);
+
+    let pid = proxy.pid();
+    // Reset the peak resident set size, so VmHWM afterwards is the peak under the flood.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the proxy's VmHWM");
+    let baseline = status_kib(pid, "VmRSS");
+
+    let (took, answered_during_flood) = std::thread::scope(|scope| {
+        let flooding = scope.spawn(|| flood(&flooder));
+        // While the flood runs, the neighbour keeps asking the same upstream, one query after the other.
+        let mut answered = 0;
+        let mut id = 0x100;
+        while !flooding.is_finished() {
+            id += 1;
+            let answer = ask_udp(&neighbour, &query(id))
+                .unwrap_or_else(|e| panic!("the neighbour's query {id} during the flood got no answer: {e}"));
+            assert_fixed_answer(&answer, id);
+            answered += 1;
+        }
+        (flooding.join().expect("flood thread"), answered)
+    });
+    let peak = status_kib(pid, "VmHWM");
+    assert!(
+        peak.saturating_sub(baseline) < RSS_GROWTH_LIMIT_KIB,
+        "the proxy's RSS grew from {baseline} KiB to a peak of {peak} KiB under the flood (limit: +{RSS_GROWTH_LIMIT_KIB} KiB)"
+    );
+    assert!(answered_during_flood > 0, "the neighbour asked during the flood");
+    eprintln!(
+        "flood of {FLOOD_QUERIES} queries took {took:?}; neighbour answered {answered_during_flood} times meanwhile; \
+         RSS {baseline} KiB, peak {peak} KiB"
+    );
+
+    // The flooder's queries beyond its in-flight bound were dropped and counted, and never reached the upstream.
+    let node = cluster.node.netns().path();
+    let dropped =
+        metric(&node, r#"istio_dns_requests_dropped_total{request_protocol="udp",reason="in_flight_limit"} "#)
+            .expect("dropped queries are counted");
+    assert!(dropped > 0.0, "the flood was cut at the pod's in-flight bound");
+    assert!(
+        server.ignored() < usize::from(FLOOD_QUERIES) / 10,
+        "most of the flood never left the proxy: the upstream got {} of the flooder's queries",
+        server.ignored()
+    );
+    // The admitted ones give their slots back at the query timeout (SERVFAIL): nothing stays in flight.
+    eventually("the flooder's queries have left the forwarder", || {
+        (metric(&node, "istio_dns_requests_in_flight ")? == 0.0).then_some(())
+    });
+    let peak = status_kib(pid, "VmHWM");
+    assert!(
+        peak.saturating_sub(baseline) < RSS_GROWTH_LIMIT_KIB,
+        "the proxy's RSS grew from {baseline} KiB to a peak of {peak} KiB by the time the flood was over"
+    );
+
+    // TCP: the flooder holds more connections than its pod may; the extra ones are refused, the neighbour's
+    // (another pod, its own cap) are served, over the same upstream.
+    let held: Vec<TcpStream> = (0..FLOOD_TCP_CONNECTIONS).filter_map(|_| connect_tcp(&flooder).ok()).collect();
+    let refused = r#"istio_dns_requests_dropped_total{request_protocol="tcp",reason="tcp_connection_limit"} "#;
+    eventually("the flooder's connections over its cap are refused", || {
+        (metric(&node, refused)? >= (FLOOD_TCP_CONNECTIONS - 32) as f64).then_some(())
+    });
+    let answers = ask_tcp(&neighbour, &[0x7001, 0x7002]);
+    for (id, answer) in &answers {
+        assert_fixed_answer(answer, *id);
+    }
+    drop(held);
+    // Drops are logged once per pod, reason and interval, not once per query (there were thousands).
+    let drop_lines = proxy.log().matches("dns query dropped").count();
+    assert!((1..=4).contains(&drop_lines), "{drop_lines} 'dns query dropped' log lines");
+    assert_fixed_answer(&ask_udp(&neighbour, &query(0x7003)).expect("the neighbour resolves after the flood"), 0x7003);
 }

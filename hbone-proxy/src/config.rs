@@ -56,6 +56,21 @@ pub struct Config {
     /// `PERMISSIVE` forwards plaintext inbound connections (captured on 15006) to the apps; `STRICT` refuses them.
     #[arg(long, env = "MTLS_MODE", value_enum, default_value = "PERMISSIVE", ignore_case = true)]
     pub mtls_mode: MtlsMode,
+    /// Inbound HBONE connections (15008) with no open stream for this long are closed with GOAWAY (a Go duration).
+    /// Twice ztunnel's client-side `POOL_UNUSED_RELEASE_TIMEOUT` by default, so well-behaved clients close first.
+    #[arg(long, env = "HBONE_SERVER_IDLE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub hbone_server_idle_timeout: Duration,
+    /// Inbound HBONE connections open at once on the node, all pods and clients together; more are refused (GOAWAY
+    /// REFUSED_STREAM) and counted in `hbone_connections_refused_total{reason="max_connections"}`.
+    #[arg(long, env = "HBONE_MAX_CONNECTIONS", default_value_t = hbone::ConnectionCaps::default().total,
+          value_parser = positive)]
+    pub hbone_max_connections: usize,
+    /// Inbound HBONE connections open at once on the node from one client identity (the SPIFFE id of its
+    /// certificate); more are refused and counted in `hbone_connections_refused_total{reason=
+    /// "max_connections_per_identity"}`.
+    #[arg(long, env = "HBONE_MAX_CONNECTIONS_PER_IDENTITY",
+          default_value_t = hbone::ConnectionCaps::default().per_identity, value_parser = positive)]
+    pub hbone_max_connections_per_identity: usize,
     /// Port of the admin endpoint (`/config_dump`) on 127.0.0.1.
     #[arg(long, env = "ADMIN_PORT", default_value_t = ports::ADMIN)]
     pub admin_port: u16,
@@ -75,6 +90,15 @@ impl Config {
         Self::command()
             .mut_arg("readiness_port", |arg| arg.default_value(ports::READINESS.to_string()))
             .mut_arg("monitoring_port", |arg| arg.default_value(ports::STATS.to_string()))
+    }
+}
+
+/// A count of at least 1 (a cap of 0 would refuse every connection).
+fn positive(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -109,6 +133,12 @@ mod tests {
         assert_eq!(config.admin_port, ports::ADMIN);
         assert_eq!(config.common.termination_deadline, Duration::from_secs(5));
         assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
+        assert_eq!(config.hbone_server_idle_timeout, hbone::server::DEFAULT_IDLE_TIMEOUT);
+        let caps = hbone::ConnectionCaps::default();
+        assert_eq!(
+            (config.hbone_max_connections, config.hbone_max_connections_per_identity),
+            (caps.total, caps.per_identity)
+        );
     }
 
     #[test]
@@ -118,6 +148,11 @@ mod tests {
         assert_eq!(config.secret_ttl, Duration::from_millis(1500));
         for junk in ["", "5", "s", "5x", "-1s"] {
             assert!(parse(&["--secret-ttl", junk]).is_err(), "{junk:?} accepted");
+        }
+        let config = parse(&["--hbone-server-idle-timeout", "2s", "--hbone-max-connections", "7"]).unwrap();
+        assert_eq!((config.hbone_server_idle_timeout, config.hbone_max_connections), (Duration::from_secs(2), 7));
+        for junk in ["0", "-1", "x"] {
+            assert!(parse(&["--hbone-max-connections-per-identity", junk]).is_err(), "{junk:?} accepted");
         }
     }
 }

@@ -1,20 +1,23 @@
 //! What every connection handler of one pod shares. Its own module so the pod proxy that builds it and the
 //! inbound and outbound handlers that use it depend on it, not on each other.
 
+use std::net::IpAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use hbone::{Baggage, Pool, WorkloadCert};
-use netns::Netns;
 
 use crate::mesh::Mesh;
+use crate::metrics::{Direction, RefusalReason};
+use crate::ratelimit::{RateLimitedLog, REFUSAL_LOG_INTERVAL};
+use crate::sockets::PodNetns;
 
 /// What every connection handler of one pod needs.
 #[derive(Debug)]
 pub struct PodContext {
     /// The pod's uid, for logs.
     pub uid: String,
-    /// The pod's network namespace: upstream sockets are created there.
-    pub netns: Arc<Netns>,
+    /// The pod's network namespace and the thread that creates its upstream sockets there.
+    pub netns: PodNetns,
     /// The pod's current workload certificate; replaced at half life by the pod proxy.
     cert: RwLock<Arc<WorkloadCert>>,
     /// HBONE connections from this pod (dialled from its netns).
@@ -23,19 +26,26 @@ pub struct PodContext {
     pub baggage: Baggage,
     /// The node-wide state.
     pub mesh: Arc<Mesh>,
+    /// The pod's own addresses: plaintext inbound forwards only to them, and the proxy's ports on them are
+    /// never a destination.
+    pub ips: Vec<IpAddr>,
+    /// Refused connections are logged at most once per direction, reason and interval for this pod.
+    pub refusal_log: RateLimitedLog<(Direction, RefusalReason)>,
 }
 
 impl PodContext {
-    /// The context of the pod `uid`, presenting `cert` until it is replaced.
+    /// The context of the pod `uid` with addresses `ips`, presenting `cert` until it is replaced.
     pub fn new(
         uid: &str,
-        netns: Arc<Netns>,
+        netns: PodNetns,
         cert: Arc<WorkloadCert>,
         pool: Pool,
         baggage: Baggage,
         mesh: Arc<Mesh>,
+        ips: Vec<IpAddr>,
     ) -> Self {
-        PodContext { uid: uid.to_owned(), netns, cert: RwLock::new(cert), pool, baggage, mesh }
+        let refusal_log = RateLimitedLog::new(REFUSAL_LOG_INTERVAL);
+        PodContext { uid: uid.to_owned(), netns, cert: RwLock::new(cert), pool, baggage, mesh, ips, refusal_log }
     }
 
     /// The pod's current workload certificate: new connections present it, open ones keep the one they began with.

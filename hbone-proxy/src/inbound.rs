@@ -6,15 +6,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use hbone::{ConnectHandler, InboundRequest, InboundTls, ServeOptions, Transfer};
+use hbone::{ConnectHandler, Ended, InboundRequest, InboundTls, OverCap, ServeError, ServeOptions, TlsError, Transfer};
 use http::StatusCode;
+use istio_contract::ports;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::config::MtlsMode;
 use crate::context::PodContext;
-use crate::metrics::Direction;
-use crate::sockets;
+use crate::metrics::{Direction, HboneLimitLabels};
+use crate::{refusal, sockets};
 
 /// Connects HBONE tunnels to the pod's apps.
 struct ToApp {
@@ -57,18 +58,47 @@ impl ConnectHandler for ToApp {
 }
 
 /// Serves one connection accepted on the HBONE port until it ends or the pod proxy stops (then it drains).
+///
+/// The node-wide limits of [`crate::mesh::InboundHbone`] apply: a client that does not offer ALPN `h2` is refused
+/// in the TLS handshake, a connection over the caps (in all, or for the client's identity) gets GOAWAY
+/// (REFUSED_STREAM), one without streams is closed after the idle timeout, and one that breaks an HTTP/2 limit
+/// gets GOAWAY from h2. Each is counted (`hbone_connections_refused_total`, `hbone_connections_terminated_total`)
+/// and logged at most once per reason and interval.
 pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut stop: watch::Receiver<()>) {
     // HTTP/2 frames are written as they are ready; Nagle would hold back the small ones (WINDOW_UPDATE, PING).
     let _ = tcp.set_nodelay(true);
+    let limits = &pod.mesh.metrics.hbone_limits;
     let accepted = match tls.accept(tcp).await {
         Ok(accepted) => accepted,
+        Err(error @ TlsError::NoAlpn { peer }) => {
+            limits.refused.get_or_create(&HboneLimitLabels { reason: "no_alpn" }).inc();
+            return log_limit(&pod, "no_alpn", peer, &error);
+        }
         Err(error) => {
             tracing::info!(uid = %pod.uid, %error, "inbound HBONE handshake failed");
             return;
         }
     };
-    let uid = pod.uid.clone();
-    let options = ServeOptions { drain_deadline: pod.mesh.termination_deadline, ..ServeOptions::default() };
+    // Held for as long as the connection is served: its place under the caps.
+    let _permit = match pod.mesh.hbone.limiter.try_acquire(&accepted.peer_identity) {
+        Ok(permit) => permit,
+        Err(over) => {
+            let reason = match over {
+                OverCap::Total { .. } => "max_connections",
+                OverCap::PerIdentity { .. } => "max_connections_per_identity",
+            };
+            limits.refused.get_or_create(&HboneLimitLabels { reason }).inc();
+            log_limit(&pod, reason, accepted.peer, &over);
+            hbone::refuse(accepted, &over.to_string()).await;
+            return;
+        }
+    };
+    let (uid, peer) = (pod.uid.clone(), accepted.peer);
+    let options = ServeOptions {
+        drain_deadline: pod.mesh.termination_deadline,
+        idle_timeout: pod.mesh.hbone.idle_timeout,
+        ..ServeOptions::default()
+    };
     let drain = pod.mesh.drain.clone();
     let stopped = async move {
         // The sender never sends: the pod proxy dropping it is the signal; so is the proxy's drain (SIGTERM).
@@ -78,21 +108,43 @@ pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut st
             _ = drain.signaled() => {}
         }
     };
-    if let Err(error) = hbone::serve(accepted, Arc::new(ToApp { pod }), options, stopped).await {
-        tracing::info!(%uid, %error, "inbound HBONE connection ended");
+    let terminated = |reason| {
+        pod.mesh.metrics.hbone_limits.terminated.get_or_create(&HboneLimitLabels { reason }).inc();
+    };
+    match hbone::serve(accepted, Arc::new(ToApp { pod: pod.clone() }), options, stopped).await {
+        // Idle connections are closed in the normal course of things: counted, not logged.
+        Ok(Ended::IdleTimeout) => terminated("idle_timeout"),
+        Ok(Ended::ClientClosed | Ended::Drained) => {}
+        Err(error @ ServeError::HandshakeTimeout(_)) => {
+            terminated("handshake_timeout");
+            log_limit(&pod, "handshake_timeout", peer, &error);
+        }
+        Err(error) => match error.limit_exceeded() {
+            Some(reason) => {
+                terminated(reason);
+                log_limit(&pod, reason, peer, &error);
+            }
+            None => tracing::info!(%uid, %error, "inbound HBONE connection ended"),
+        },
+    }
+}
+
+/// Logs a limit the HBONE server enforced on `peer`, at most once per reason and interval node-wide (a peer can
+/// repeat it at will); the line says how many were left out since the previous one.
+fn log_limit(pod: &PodContext, reason: &'static str, peer: SocketAddr, error: &dyn std::fmt::Display) {
+    if let Some(suppressed) = pod.mesh.hbone.log.admit(reason) {
+        tracing::warn!(uid = %pod.uid, reason, %peer, %error, suppressed, "inbound HBONE limit enforced");
     }
 }
 
 /// Forwards one connection captured on the plaintext inbound port to its original destination in the pod; in
-/// `MTLS_MODE=STRICT` resets it instead, so only HBONE reaches the apps.
-pub async fn plaintext(pod: Arc<PodContext>, mut client: TcpStream, peer: SocketAddr) {
+/// `MTLS_MODE=STRICT` resets it instead, so only HBONE reaches the apps. Connections to the proxy itself or to an
+/// address that is not the pod's are refused first ([`refusal`]).
+pub async fn plaintext(pod: Arc<PodContext>, client: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
-    let dst = match sockets::original_dst(&client) {
-        Ok(dst) => dst,
-        Err(error) => {
-            tracing::warn!(uid = %pod.uid, %peer, %error, "inbound connection without an original destination");
-            return;
-        }
+    let Some((mut client, dst)) = refusal::screen(&pod, Direction::Inbound, ports::INBOUND_PLAINTEXT, client, peer)
+    else {
+        return;
     };
     let result = if pod.mesh.mtls_mode == MtlsMode::Strict {
         sockets::reset(client);

@@ -10,6 +10,8 @@ mod mesh;
 mod metrics;
 mod outbound;
 mod pod;
+mod ratelimit;
+mod refusal;
 mod sockets;
 mod workloads;
 
@@ -65,6 +67,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         drain: ctx.drain.clone(),
         termination_deadline: deadline,
         mtls_mode: config.mtls_mode,
+        hbone: mesh::InboundHbone::new(&config),
     });
     tracing::info!(mode = ?config.mtls_mode, secret_ttl = ?config.secret_ttl, "mesh policy");
     let workloads = Workloads::new(mesh, &ctx.probes);

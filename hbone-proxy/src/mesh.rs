@@ -1,15 +1,17 @@
 //! The node-wide state every pod proxy shares: the CA that mints pod certificates, the mesh TLS policy,
-//! the workload directory, the DNS upstreams and the metrics.
+//! the workload directory, the DNS upstreams, the inbound HBONE limits and the metrics.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use daemon::drain::DrainWatcher;
-use hbone::{MeshCa, MeshTls};
+use hbone::{ConnectionCaps, ConnectionLimiter, MeshCa, MeshTls};
 
-use crate::config::MtlsMode;
+use crate::config::{Config, MtlsMode};
 use crate::directory::Directory;
 use crate::dns::Upstreams;
 use crate::metrics::Metrics;
+use crate::ratelimit::{RateLimitedLog, REFUSAL_LOG_INTERVAL};
 
 /// Shared by all pod proxies of the node.
 #[derive(Debug)]
@@ -32,6 +34,35 @@ pub struct Mesh {
     pub termination_deadline: Duration,
     /// Whether plaintext inbound connections reach the apps (`MTLS_MODE`).
     pub mtls_mode: MtlsMode,
+    /// The limits every pod's HBONE server shares.
+    pub hbone: InboundHbone,
+}
+
+/// The limits of the HBONE servers on 15008, node-wide: every pod's inbound connections count against one budget.
+#[derive(Debug)]
+pub struct InboundHbone {
+    /// Connections open at once, in all (`HBONE_MAX_CONNECTIONS`) and per client identity
+    /// (`HBONE_MAX_CONNECTIONS_PER_IDENTITY`).
+    pub limiter: Arc<ConnectionLimiter>,
+    /// Connections without streams for this long are closed (`HBONE_SERVER_IDLE_TIMEOUT`).
+    pub idle_timeout: Duration,
+    /// What a peer can repeat at will (refusals, limit breaches) is logged at most once per reason and interval.
+    pub log: RateLimitedLog<&'static str>,
+}
+
+impl InboundHbone {
+    /// The limits `config` sets.
+    pub fn new(config: &Config) -> Self {
+        let caps = ConnectionCaps {
+            total: config.hbone_max_connections,
+            per_identity: config.hbone_max_connections_per_identity,
+        };
+        InboundHbone {
+            limiter: ConnectionLimiter::new(caps),
+            idle_timeout: config.hbone_server_idle_timeout,
+            log: RateLimitedLog::new(REFUSAL_LOG_INTERVAL),
+        }
+    }
 }
 
 impl Mesh {

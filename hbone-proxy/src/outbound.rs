@@ -1,6 +1,6 @@
 //! Outbound capture ([`ports::OUTBOUND`]): a connection the pod's app opened, redirected by the in-pod rules. Mesh
 //! destinations are reached over HBONE as the pod's identity; anything else is passed through as plain TCP
-//! from the pod's netns.
+//! from the pod's netns. Connections to the proxy itself are refused first ([`refusal`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,19 +14,15 @@ use tokio::net::TcpStream;
 use crate::context::PodContext;
 use crate::directory::Protocol;
 use crate::metrics::Direction;
-use crate::sockets;
+use crate::{refusal, sockets};
 
 /// Proxies one captured outbound connection until both sides are done.
-pub async fn handle(pod: Arc<PodContext>, mut app: TcpStream, peer: SocketAddr) {
+pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
-    let _ = app.set_nodelay(true);
-    let dst = match sockets::original_dst(&app) {
-        Ok(dst) => dst,
-        Err(error) => {
-            tracing::warn!(uid = %pod.uid, %peer, %error, "outbound connection without an original destination");
-            return;
-        }
+    let Some((mut app, dst)) = refusal::screen(&pod, Direction::Outbound, ports::OUTBOUND, app, peer) else {
+        return;
     };
+    let _ = app.set_nodelay(true);
     let listed = pod.mesh.directory.lookup(dst.ip());
     if listed.as_ref().is_some_and(|d| d.workload.protocol != Protocol::Hbone && d.workload.require_mtls) {
         // Never in plaintext: the app's connection is reset instead of being passed through.

@@ -7,6 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use daemon::drain::DrainWatcher;
 use hbone::{Baggage, ConnectObserver, Identity, InboundTls, Pool, PoolConfig, ServerCerts};
 use istio_contract::ports;
 use netns::Netns;
@@ -16,10 +17,12 @@ use time::OffsetDateTime;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 use zds::messages::WorkloadInfo;
 
 use crate::context::PodContext;
 use crate::mesh::Mesh;
+use crate::sockets::PodNetns;
 use crate::{dns, inbound, outbound, sockets};
 
 /// Why a pod's proxy could not start.
@@ -71,8 +74,9 @@ pub struct PodProxy {
 
 impl PodProxy {
     /// Mints the pod's certificate and starts its listeners inside `netns`. Returns once all listeners are
-    /// bound, so the caller can ack the agent.
-    pub fn start(
+    /// bound, so the caller can ack the agent. Never blocks the runtime: the key is generated and the pod's socket
+    /// thread started on the blocking pool, and every socket is made on that thread.
+    pub async fn start(
         mesh: &Arc<Mesh>,
         uid: &str,
         info: Option<&WorkloadInfo>,
@@ -83,9 +87,16 @@ impl PodProxy {
         let identity = Identity::new(mesh.trust_domain(), &info.namespace, service_account)
             .map_err(|source| StartError::Identity { uid: uid.to_owned(), source })?;
         let cert_err = |reason: String| StartError::Certificate { uid: uid.to_owned(), reason };
-        let cert = Arc::new(mesh.ca.mint(&identity).map_err(|e| cert_err(e.to_string()))?);
         let netns_err = |what: &str, source| StartError::Netns { uid: uid.to_owned(), what: what.to_owned(), source };
-        let ips = sockets::pod_ips(&netns).map_err(|e| netns_err("reading the pod's addresses", e))?;
+        let (minted, entered) = {
+            let (mesh, identity) = (mesh.clone(), identity.clone());
+            tokio::task::spawn_blocking(move || (mesh.ca.mint(&identity), PodNetns::enter(netns)))
+                .await
+                .map_err(|e| cert_err(format!("minting on the blocking pool: {e}")))?
+        };
+        let cert = Arc::new(minted.map_err(|e| cert_err(e.to_string()))?);
+        let netns = entered.map_err(|e| netns_err("starting the pod's socket thread", e))?;
+        let ips = sockets::pod_ips(&netns).await.map_err(|e| netns_err("reading the pod's addresses", e))?;
         let certs = ServerCerts::new();
         for ip in &ips {
             certs.set(*ip, &cert).map_err(|e| cert_err(e.to_string()))?;
@@ -105,36 +116,44 @@ impl PodProxy {
         if !info.name.is_empty() {
             baggage.workload = Some(("pod".to_owned(), info.name.clone()));
         }
-        let ctx = Arc::new(PodContext::new(uid, netns.clone(), cert, pool, baggage, mesh.clone()));
+        let ctx = Arc::new(PodContext::new(uid, netns.clone(), cert, pool, baggage, mesh.clone(), ips.clone()));
 
         let (stop, _) = watch::channel(());
         let inbound_tls = InboundTls::new(mesh.tls.clone(), certs.clone());
         let mut listeners = JoinSet::new();
         listeners.spawn(rotate_certs(ctx.clone(), identity.clone(), certs.clone(), ips.clone()));
+        let accept = Acceptor { uid, drain: &mesh.drain };
         for addr in any_addrs(&ips) {
+            let (ns, netns_err) = (&netns, &netns_err);
             let bind = |port| {
                 let addr = SocketAddr::new(addr, port);
-                sockets::listen_in(&netns, addr).map_err(|e| netns_err(&format!("listening on {addr}"), e))
+                async move { sockets::listen_in(ns, addr).await.map_err(|e| netns_err(&format!("listening on {addr}"), e)) }
             };
             let ctx_out = ctx.clone();
-            listeners
-                .spawn(accept_loop(bind(ports::OUTBOUND)?, move |s, peer| outbound::handle(ctx_out.clone(), s, peer)));
-            let ctx_in = ctx.clone();
-            listeners.spawn(accept_loop(bind(ports::INBOUND_PLAINTEXT)?, move |s, peer| {
-                inbound::plaintext(ctx_in.clone(), s, peer)
+            listeners.spawn(accept.serve(bind(ports::OUTBOUND).await?, "outbound", move |s, peer| {
+                outbound::handle(ctx_out.clone(), s, peer)
             }));
+            let ctx_in = ctx.clone();
+            listeners.spawn(accept.serve(
+                bind(ports::INBOUND_PLAINTEXT).await?,
+                "inbound plaintext",
+                move |s, peer| inbound::plaintext(ctx_in.clone(), s, peer),
+            ));
             let (ctx_hbone, tls, stop) = (ctx.clone(), inbound_tls.clone(), stop.clone());
-            listeners.spawn(accept_loop(bind(ports::HBONE)?, move |s, _peer| {
+            listeners.spawn(accept.serve(bind(ports::HBONE).await?, "inbound HBONE", move |s, _peer| {
                 inbound::hbone(ctx_hbone.clone(), tls.clone(), s, stop.subscribe())
             }));
         }
-        let forwarder = dns::Forwarder::new(uid, netns.clone(), mesh.dns.clone());
+        let forwarder = dns::Forwarder::new(uid, netns.clone(), mesh.dns.clone(), mesh.metrics.dns.clone())
+            .await
+            .map_err(|e| netns_err("creating the dns upstream sockets", e))?;
         for addr in dns::listen_addrs(&ips) {
-            let tcp =
-                sockets::listen_in(&netns, addr).map_err(|e| netns_err(&format!("listening on tcp {addr}"), e))?;
-            let udp = dns::bind_udp(&netns, addr).map_err(|e| netns_err(&format!("binding udp {addr}"), e))?;
+            let tcp = sockets::listen_in(&netns, addr)
+                .await
+                .map_err(|e| netns_err(&format!("listening on tcp {addr}"), e))?;
+            let udp = dns::bind_udp(&netns, addr).await.map_err(|e| netns_err(&format!("binding udp {addr}"), e))?;
             let fwd = forwarder.clone();
-            listeners.spawn(accept_loop(tcp, move |s, peer| dns::serve_tcp(fwd.clone(), s, peer)));
+            listeners.spawn(accept.serve(tcp, "dns tcp", move |s, peer| dns::serve_tcp(fwd.clone(), s, peer)));
             listeners.spawn(dns::serve_udp(forwarder.clone(), udp));
         }
         tracing::info!(uid, %identity, ?ips, "pod proxy started");
@@ -185,7 +204,10 @@ async fn rotate_certs(ctx: Arc<PodContext>, identity: Identity, certs: ServerCer
         let lifetime = current.expires_at().duration_since(current.issued_at()).unwrap_or_default();
         let due = current.issued_at() + lifetime / 2;
         tokio::time::sleep(due.duration_since(SystemTime::now()).unwrap_or_default()).await;
-        let rotated = ctx.mesh.ca.mint(&identity).map_err(|e| e.to_string()).and_then(|cert| {
+        // Key generation is CPU work: off the runtime's workers.
+        let (mesh, subject) = (ctx.mesh.clone(), identity.clone());
+        let minted = tokio::task::spawn_blocking(move || mesh.ca.mint(&subject).map_err(|e| e.to_string())).await;
+        let rotated = minted.unwrap_or_else(|e| Err(e.to_string())).and_then(|cert| {
             for ip in &ips {
                 certs.set(*ip, &cert).map_err(|e| e.to_string())?;
             }
@@ -223,23 +245,47 @@ fn any_addrs(ips: &[IpAddr]) -> Vec<IpAddr> {
     addrs
 }
 
-/// Accepts until the task is aborted, handing every connection to its own task.
-async fn accept_loop<F, Fut>(listener: TcpListener, handle: F)
-where
-    F: Fn(TcpStream, SocketAddr) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::spawn(handle(stream, peer));
-            }
-            Err(error) => {
-                // Usually out of file descriptors; back off instead of spinning.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
+/// How many connections one listener of one pod serves at once; one more is closed as soon as it is accepted (and
+/// counted in a rate-limited warning). Far above what one pod's apps open, it bounds the descriptors a single pod
+/// (or its peers) can make the node proxy hold through one port.
+pub const MAX_CONNECTIONS_PER_LISTENER: usize = 16_384;
+
+/// Runs a pod's accept loops on the one accept loop of the node side ([`daemon::listener::serve`]): at most
+/// [`MAX_CONNECTIONS_PER_LISTENER`] connections at once, a back-off when accepting fails (out of file descriptors,
+/// say) instead of spinning, warnings at most once per interval and listener, and no new connections once the
+/// proxy drains.
+#[derive(Clone, Copy)]
+struct Acceptor<'a> {
+    uid: &'a str,
+    drain: &'a DrainWatcher,
+}
+
+impl Acceptor<'_> {
+    /// Accepts on `listener` (`name` in logs, under the pod's span) until the task is aborted or the proxy drains,
+    /// handing every connection and its peer address to its own task.
+    fn serve<F, Fut>(self, listener: TcpListener, name: &'static str, handle: F) -> impl Future<Output = ()> + Send
+    where
+        F: Fn(TcpStream, SocketAddr) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        // At the level of the loop's warnings, so they name the pod whatever the log level.
+        let span = tracing::warn_span!("pod", uid = self.uid);
+        let serve = daemon::listener::serve(
+            listener,
+            name,
+            MAX_CONNECTIONS_PER_LISTENER,
+            self.drain.clone(),
+            move |stream: TcpStream, _drain| {
+                // No peer address: the connection is already gone.
+                let work = stream.peer_addr().ok().map(|peer| handle(stream, peer));
+                async move {
+                    if let Some(work) = work {
+                        work.await;
+                    }
+                }
+            },
+        );
+        serve.instrument(span)
     }
 }
 

@@ -1,24 +1,73 @@
-//! Sockets inside a pod's network namespace: created on a thread that entered the namespace (a socket
-//! belongs to the namespace it was created in), marked so the in-pod rules let them through, then handed
-//! to tokio. Also reads a redirected connection's original destination.
+//! Sockets inside a pod's network namespace: created on the pod's socket thread, which entered the namespace once
+//! when the pod's proxy started (a socket belongs to the namespace it was created in), marked so the in-pod rules
+//! let them through, then handed to tokio. No runtime worker ever waits for a thread: a request goes to the
+//! pod's thread over a channel and the answer comes back on a oneshot. Also reads a redirected connection's
+//! original destination.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Deref;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use istio_contract::proxy::PROXY_MARK;
-use netns::Netns;
+use netns::{Netns, NetnsThread};
 use nix::sys::socket::{
     bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage,
 };
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::oneshot;
 
 /// How long an upstream connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The name of each pod's socket thread (as `/proc/<pid>/task/*/comm` shows it).
+pub const SOCKET_THREAD: &str = "pod-sockets";
 
 fn netns_err(e: netns::NetnsError) -> io::Error {
     io::Error::other(e.to_string())
+}
+
+/// A pod's network namespace and the one long-lived thread that creates the pod's sockets inside it, for as long
+/// as the pod's proxy or any of its connections needs one: the thread exits when the last clone is dropped.
+/// Derefs to the namespace handle (its id, its path).
+#[derive(Debug, Clone)]
+pub struct PodNetns {
+    netns: Arc<Netns>,
+    thread: Arc<NetnsThread>,
+}
+
+impl PodNetns {
+    /// Starts the pod's socket thread in `netns`. Blocks for as long as spawning a thread and entering the
+    /// namespace take: call it off the runtime's workers (`spawn_blocking`).
+    pub fn enter(netns: Arc<Netns>) -> io::Result<Self> {
+        let thread = netns.spawn_thread(SOCKET_THREAD).map_err(netns_err)?;
+        Ok(PodNetns { netns, thread: Arc::new(thread) })
+    }
+
+    /// Runs `make` on the pod's socket thread, inside its namespace, and awaits its result without blocking the
+    /// runtime. If the caller goes away first, whatever `make` returns is dropped (a socket is closed).
+    pub async fn run<T, F>(&self, make: F) -> io::Result<T>
+    where
+        F: FnOnce() -> io::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.thread
+            .execute(move || {
+                let _ = reply.send(make());
+            })
+            .map_err(netns_err)?;
+        answer.await.map_err(|_| io::Error::other("the pod's socket thread dropped the request"))?
+    }
+}
+
+impl Deref for PodNetns {
+    type Target = Netns;
+
+    fn deref(&self) -> &Netns {
+        &self.netns
+    }
 }
 
 fn family(ip: IpAddr) -> AddressFamily {
@@ -49,9 +98,9 @@ fn allow_accept_queue_migration() {
 
 /// Binds a marked `SO_REUSEPORT` listener on `addr` inside `ns` (IPv6 listeners are v6-only) and hands it
 /// to tokio. Must be called within a tokio runtime.
-pub fn listen_in(ns: &Netns, addr: SocketAddr) -> io::Result<TcpListener> {
+pub async fn listen_in(ns: &PodNetns, addr: SocketAddr) -> io::Result<TcpListener> {
     let fd = ns
-        .run(|| -> io::Result<OwnedFd> {
+        .run(move || -> io::Result<OwnedFd> {
             allow_accept_queue_migration();
             let fd = marked_socket(addr.ip())?;
             setsockopt(&fd, sockopt::ReuseAddr, &true)?;
@@ -63,16 +112,16 @@ pub fn listen_in(ns: &Netns, addr: SocketAddr) -> io::Result<TcpListener> {
             listen(&fd, Backlog::new(1024)?)?;
             Ok(fd)
         })
-        .map_err(netns_err)??;
+        .await?;
     TcpListener::from_std(std::net::TcpListener::from(fd))
 }
 
 /// Connects to `dst` from inside `ns` with the proxy mark. With `source`, the socket is transparent and
 /// bound to that address first, so the target sees the original client's IP (the in-pod connmark rules
 /// route the replies back to us).
-pub async fn connect_in(ns: &Netns, dst: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpStream> {
+pub async fn connect_in(ns: &PodNetns, dst: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpStream> {
     let fd = ns
-        .run(|| -> io::Result<OwnedFd> {
+        .run(move || -> io::Result<OwnedFd> {
             let fd = marked_socket(dst.ip())?;
             if let Some(source) = source {
                 setsockopt(&fd, sockopt::IpTransparent, &true)?;
@@ -81,7 +130,7 @@ pub async fn connect_in(ns: &Netns, dst: SocketAddr, source: Option<IpAddr>) -> 
             }
             Ok(fd)
         })
-        .map_err(netns_err)??;
+        .await?;
     let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst))
         .await
@@ -112,7 +161,7 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
 }
 
 /// The pod's own addresses: every global address on a non-loopback interface of `ns`.
-pub fn pod_ips(ns: &Netns) -> io::Result<Vec<IpAddr>> {
+pub async fn pod_ips(ns: &PodNetns) -> io::Result<Vec<IpAddr>> {
     ns.run(|| -> io::Result<Vec<IpAddr>> {
         let mut ips = Vec::new();
         for ifaddr in nix::ifaddrs::getifaddrs()? {
@@ -129,7 +178,7 @@ pub fn pod_ips(ns: &Netns) -> io::Result<Vec<IpAddr>> {
         }
         Ok(ips)
     })
-    .map_err(netns_err)?
+    .await
 }
 
 /// Closes `stream` with a TCP reset (linger 0), so the client sees its connection refused rather than a clean end.

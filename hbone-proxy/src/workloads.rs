@@ -58,7 +58,12 @@ struct Inner {
     mesh: Arc<Mesh>,
     /// Blocks readiness until the first snapshot is applied and while pods are pending.
     ready: Blocker,
+    /// Held only to read or change the maps, never while a pod proxy starts (key generation, threads, binds), so
+    /// `/config_dump` and readiness never wait on a start.
     state: Mutex<State>,
+    /// Serializes what starts and stops pod proxies (a ZDS request, the retry of one pending pod) across the
+    /// awaits of a start, so a Del cannot slip between a start and the insert of its result.
+    changes: tokio::sync::Mutex<()>,
 }
 
 /// A read-only handle for the admin endpoint that does not keep the pods (or the mesh) alive, so shutdown is
@@ -78,7 +83,8 @@ impl Workloads {
     /// snapshot has been applied.
     pub fn new(mesh: Arc<Mesh>, probes: &ProbeState) -> Self {
         let ready = probes.blocker("workloads", WAITING_FOR_SNAPSHOT);
-        Workloads { inner: Arc::new(Inner { mesh, ready, state: Mutex::default() }) }
+        let inner = Inner { mesh, ready, state: Mutex::default(), changes: tokio::sync::Mutex::new(()) };
+        Workloads { inner: Arc::new(inner) }
     }
 
     /// A handle for the admin endpoint.
@@ -144,7 +150,7 @@ impl Workloads {
                 Ok(received) => received,
                 Err(e) => return e,
             };
-            let result = self.apply(request.payload, fds);
+            let result = self.apply(request.payload, fds).await;
             if let Err(error) = &result {
                 tracing::warn!(%error, "ZDS request failed");
             }
@@ -154,91 +160,117 @@ impl Workloads {
         }
     }
 
-    fn apply(&self, payload: Option<Payload>, mut fds: Vec<OwnedFd>) -> Result<(), String> {
-        let mut state = self.lock();
+    async fn apply(&self, payload: Option<Payload>, fds: Vec<OwnedFd>) -> Result<(), String> {
+        let _changing = self.inner.changes.lock().await;
         let result = match payload {
-            Some(Payload::Add(add)) => {
-                state.seen(&add.uid);
-                if fds.len() != 1 {
-                    return Err(format!("AddWorkload {} carried {} fds, expected the pod netns", add.uid, fds.len()));
-                }
-                let netns = Netns::from_fd(fds.remove(0), format!("netns of pod {}", add.uid))
-                    .map_err(|e| format!("pod {}: {e}", add.uid))?;
-                if state.pods.get(&add.uid).is_some_and(|p| p.netns_id() == netns.id()) {
-                    tracing::debug!(uid = add.uid, "pod already running in this netns");
-                    return Ok(());
-                }
-                state.pending.remove(&add.uid);
-                self.start(&mut state, &add.uid, add.workload_info, Arc::new(netns))
-            }
+            Some(Payload::Add(add)) => self.add(add.uid, add.workload_info, fds).await,
             Some(Payload::Keep(keep)) => {
-                state.seen(&keep.uid);
+                self.lock().seen(&keep.uid);
                 Ok(())
             }
             Some(Payload::Del(del)) => {
-                if state.pods.remove(&del.uid).is_some() {
+                let (stopped, pending) = {
+                    let mut state = self.lock();
+                    (state.pods.remove(&del.uid), state.pending.remove(&del.uid))
+                };
+                if stopped.is_some() {
                     tracing::info!(uid = del.uid, "pod proxy stopped");
                 }
-                if state.pending.remove(&del.uid).is_some() {
+                if pending.is_some() {
                     tracing::info!(uid = del.uid, "pending pod deleted: no more retries");
                 }
                 Ok(())
             }
             Some(Payload::SnapshotSent(_)) => {
-                if let Some(seen) = state.snapshot.take() {
-                    state.pods.retain(|uid, _| {
-                        let keep = seen.contains(uid);
-                        if !keep {
+                let mut stopped = Vec::new();
+                {
+                    let mut state = self.lock();
+                    if let Some(seen) = state.snapshot.take() {
+                        let absent: Vec<String> =
+                            state.pods.keys().filter(|uid| !seen.contains(*uid)).cloned().collect();
+                        for uid in absent {
+                            stopped.extend(state.pods.remove(&uid));
                             tracing::info!(uid, "pod absent from the snapshot: proxy stopped");
                         }
-                        keep
-                    });
-                    state.pending.retain(|uid, _| seen.contains(uid));
+                        state.pending.retain(|uid, _| seen.contains(uid));
+                    }
+                    state.synced = true;
                 }
-                state.synced = true;
+                // Stopped outside the lock.
+                drop(stopped);
                 Ok(())
             }
             None => Err("request without payload".to_owned()),
         };
-        self.publish(&state);
+        self.publish(&self.lock());
         result
     }
 
-    /// Starts `uid`'s proxy; on failure keeps it as pending (retried later) and returns the error for the ack.
-    fn start(&self, state: &mut State, uid: &str, info: Option<WorkloadInfo>, netns: Arc<Netns>) -> Result<(), String> {
-        match PodProxy::start(&self.inner.mesh, uid, info.as_ref(), netns.clone()) {
-            Ok(proxy) => {
-                if state.pods.insert(uid.to_owned(), proxy).is_some() {
-                    tracing::info!(uid, "pod netns changed: replaced its proxy");
-                }
-                Ok(())
-            }
-            Err(e) => {
-                let error = e.to_string();
-                tracing::warn!(uid, %error, retry_in = ?RETRY_INTERVAL, "pod proxy failed to start");
-                state.pods.remove(uid);
-                state.pending.insert(uid.to_owned(), Pending { info, netns, error: error.clone() });
-                Err(error)
-            }
+    /// Starts the proxy of the pod `uid` in the netns it came with, unless it already runs there.
+    async fn add(&self, uid: String, info: Option<WorkloadInfo>, mut fds: Vec<OwnedFd>) -> Result<(), String> {
+        self.lock().seen(&uid);
+        if fds.len() != 1 {
+            return Err(format!("AddWorkload {uid} carried {} fds, expected the pod netns", fds.len()));
         }
+        let netns =
+            Netns::from_fd(fds.remove(0), format!("netns of pod {uid}")).map_err(|e| format!("pod {uid}: {e}"))?;
+        if self.lock().pods.get(&uid).is_some_and(|p| p.netns_id() == netns.id()) {
+            tracing::debug!(uid, "pod already running in this netns");
+            return Ok(());
+        }
+        self.start(&uid, info, Arc::new(netns)).await
     }
 
-    /// Every [`RETRY_INTERVAL`], tries to start the pending pods again.
+    /// Starts `uid`'s proxy without holding the state lock, then records it as running (replacing a proxy of the
+    /// pod in an older netns) or, on failure, as pending (retried later) and returns the error for the ack. The
+    /// caller holds [`Inner::changes`].
+    async fn start(&self, uid: &str, info: Option<WorkloadInfo>, netns: Arc<Netns>) -> Result<(), String> {
+        let started = PodProxy::start(&self.inner.mesh, uid, info.as_ref(), netns.clone()).await;
+        let (replaced, result) = {
+            let mut state = self.lock();
+            match started {
+                Ok(proxy) => {
+                    state.pending.remove(uid);
+                    (state.pods.insert(uid.to_owned(), proxy), Ok(()))
+                }
+                Err(e) => {
+                    let error = e.to_string();
+                    tracing::warn!(uid, %error, retry_in = ?RETRY_INTERVAL, "pod proxy failed to start");
+                    state.pending.insert(uid.to_owned(), Pending { info, netns, error: error.clone() });
+                    (state.pods.remove(uid), Err(error))
+                }
+            }
+        };
+        if replaced.is_some() && result.is_ok() {
+            tracing::info!(uid, "pod netns changed: replaced its proxy");
+        }
+        // A replaced proxy stops here, outside the lock.
+        drop(replaced);
+        result
+    }
+
+    /// Every [`RETRY_INTERVAL`], tries to start the pending pods again, one at a time, each between two ZDS
+    /// requests.
     async fn retry_pending(&self) {
         let mut tick = tokio::time::interval(RETRY_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
             tick.tick().await;
-            let mut state = self.lock();
-            let pending: Vec<(String, Pending)> = state.pending.drain().collect();
-            for (uid, pod) in pending {
+            let uids: Vec<String> = self.lock().pending.keys().cloned().collect();
+            for uid in uids {
+                let _changing = self.inner.changes.lock().await;
+                // Deleted, left out of a snapshot or started by a new Add meanwhile: nothing to retry.
+                let Some((info, netns)) = self.lock().pending.get(&uid).map(|p| (p.info.clone(), p.netns.clone()))
+                else {
+                    continue;
+                };
                 tracing::info!(uid, "retrying the pod proxy start");
-                if self.start(&mut state, &uid, pod.info, pod.netns).is_ok() {
+                if self.start(&uid, info, netns).await.is_ok() {
                     tracing::info!(uid, "pod proxy started on retry");
                 }
+                self.publish(&self.lock());
             }
-            self.publish(&state);
         }
     }
 

@@ -18,6 +18,8 @@ pub mod identity;
 #[cfg(feature = "runtime")]
 pub mod keepalive;
 #[cfg(feature = "runtime")]
+pub mod limits;
+#[cfg(feature = "runtime")]
 pub mod pool;
 #[cfg(feature = "runtime")]
 pub mod server;
@@ -36,9 +38,11 @@ pub use identity::{Identity, IdentityError};
 #[cfg(feature = "runtime")]
 pub use keepalive::Keepalive;
 #[cfg(feature = "runtime")]
+pub use limits::{ConnectionCaps, ConnectionLimiter, ConnectionPermit, OverCap};
+#[cfg(feature = "runtime")]
 pub use pool::{ConnectError, ConnectObserver, ConnectRequest, Dialer, Pool, PoolConfig};
 #[cfg(feature = "runtime")]
-pub use server::{serve, ConnectHandler, InboundRequest, ServeError, ServeOptions, Transfer};
+pub use server::{refuse, serve, ConnectHandler, Ended, InboundRequest, ServeError, ServeOptions, Transfer};
 #[cfg(feature = "runtime")]
 pub use stream::H2Stream;
 #[cfg(feature = "runtime")]

@@ -1,4 +1,5 @@
-//! HTTP/2 settings shared by both ends of an HBONE connection (ztunnel's values).
+//! HTTP/2 settings shared by both ends of an HBONE connection (ztunnel's values), and the server's limits on what
+//! one client may make it hold.
 
 /// Per-stream receive window: 4 MiB.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -6,6 +7,20 @@ pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 pub const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 /// Largest frame we accept: 1 MiB.
 pub const MAX_FRAME_SIZE: u32 = 1024 * 1024;
+/// Streams a client may have open at once on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`), as ztunnel
+/// advertises. Streams over it are refused with `RST_STREAM(REFUSED_STREAM)`.
+pub const MAX_CONCURRENT_STREAMS: u32 = 100;
+/// Largest header list either end accepts (`SETTINGS_MAX_HEADER_LIST_SIZE`): 16 KiB. A CONNECT carries a few
+/// short headers (`forwarded`, `baggage`, `traceparent`); a longer list is answered 431 and its stream reset, and
+/// a header block too long even to skip ends the connection (GOAWAY).
+pub const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
+/// Streams the client reset before the server accepted them, kept at most (h2's default, made explicit): one
+/// more ends the connection with GOAWAY(ENHANCE_YOUR_CALM) (the "rapid reset" attack).
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Streams the server may reset because of the client's errors (malformed or oversized requests, streams over
+/// the concurrency limit) over one connection's life; one more ends it with GOAWAY(ENHANCE_YOUR_CALM). Above
+/// the 900 refusals a client may legitimately cause by opening 1,000 streams before our SETTINGS reached it.
+pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
 /// A client builder with the HBONE settings applied.
 pub(crate) fn client() -> h2::client::Builder {
@@ -13,15 +28,20 @@ pub(crate) fn client() -> h2::client::Builder {
     b.initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME_SIZE)
+        .max_header_list_size(MAX_HEADER_LIST_SIZE)
         .enable_push(false);
     b
 }
 
-/// A server builder with the HBONE settings applied.
+/// A server builder with the HBONE settings and limits applied.
 pub(crate) fn server() -> h2::server::Builder {
     let mut b = h2::server::Builder::new();
     b.initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_frame_size(MAX_FRAME_SIZE);
+        .max_frame_size(MAX_FRAME_SIZE)
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS));
     b
 }

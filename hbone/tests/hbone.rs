@@ -74,7 +74,7 @@ struct Server {
     accepted: Arc<AtomicUsize>,
     handshake_errors: mpsc::UnboundedReceiver<TlsError>,
     finished: mpsc::UnboundedReceiver<(InboundRequest, Transfer)>,
-    served: mpsc::UnboundedReceiver<Result<(), hbone::ServeError>>,
+    served: mpsc::UnboundedReceiver<Result<hbone::Ended, hbone::ServeError>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -520,7 +520,8 @@ async fn graceful_shutdown_sends_goaway_and_drains_open_streams() {
         open.shutdown().await.unwrap();
         assert_eq!(open.read(&mut buf).await.unwrap(), 0);
         drop(open);
-        scene.server.served.recv().await.unwrap().expect("drained before the deadline");
+        let served = scene.server.served.recv().await.unwrap().expect("drained before the deadline");
+        assert_eq!(served, hbone::Ended::Drained);
     })
     .await
 }
@@ -622,4 +623,286 @@ async fn futures_join<T: Send + 'static>(handles: impl Iterator<Item = tokio::ta
         out.push(handle.await.unwrap());
     }
     out
+}
+
+/// TLS and an HTTP/2 handshake to the scene's server as its client, with h2's own client (no HBONE pool), so a
+/// test can send what the pool never would.
+async fn raw_h2(
+    scene: &Scene,
+) -> (h2::client::SendRequest<bytes::Bytes>, tokio::task::JoinHandle<Result<(), h2::Error>>) {
+    let tcp = TcpStream::connect(scene.server.addr).await.unwrap();
+    let tls = scene.mesh.tls.connect(tcp, &scene.client, &id("server")).await.unwrap();
+    let (send, connection) = h2::client::handshake(tls).await.unwrap();
+    (send, tokio::spawn(connection))
+}
+
+fn connect_request(authority: SocketAddr) -> http::Request<()> {
+    http::Request::builder().method(http::Method::CONNECT).uri(authority.to_string()).body(()).unwrap()
+}
+
+/// On the single-threaded test runtime nothing runs between these sends, so all of them leave before the
+/// server's SETTINGS are read: h2 assumes no stream limit until then, and the server alone enforces its own.
+fn burst(
+    send: &h2::client::SendRequest<bytes::Bytes>,
+    requests: impl Iterator<Item = http::Request<()>>,
+) -> Vec<(h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>)> {
+    requests.map(|request| send.clone().send_request(request, false).unwrap()).collect()
+}
+
+#[tokio::test]
+async fn server_serves_at_most_100_streams_at_once_and_refuses_the_rest() {
+    within(async {
+        let scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
+        let (send, _connection) = raw_h2(&scene).await;
+        let sent = burst(&send, (0..150).map(|_| connect_request(app)));
+        let (mut ok, mut refused, mut held) = (0, 0, Vec::new());
+        for (response, body) in sent {
+            match response.await {
+                Ok(response) => {
+                    assert_eq!(response.status(), StatusCode::OK);
+                    ok += 1;
+                    // Kept open, so every accepted stream still counts against the limit.
+                    held.push((response, body));
+                }
+                Err(e) => {
+                    assert_eq!(e.reason(), Some(h2::Reason::REFUSED_STREAM), "{e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((ok, refused), (100, 50), "served at once and refused");
+        assert_eq!(send.current_max_send_streams(), hbone::settings::MAX_CONCURRENT_STREAMS as usize);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_header_list_over_16_kib_is_refused_and_never_reaches_the_app() {
+    within(async {
+        let scene = Scene::new().await;
+        let app = echo_app(scene.ip).await;
+        let (send, _connection) = raw_h2(&scene).await;
+        // One stream first: once it is answered the server's SETTINGS are known, so h2 sends the big header list
+        // in frames of the server's 1 MiB maximum (in 16 KiB frames it would trip h2's CONTINUATION flood guard).
+        let (first, _first_body) = burst(&send, std::iter::once(connect_request(app))).remove(0);
+        assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+        let mut big = connect_request(app);
+        big.headers_mut().insert("x-big", http::HeaderValue::from_str(&"a".repeat(1024 * 1024)).unwrap());
+        let (response, _body) = send.clone().ready().await.unwrap().send_request(big, false).unwrap();
+        // 431 for the stream, or GOAWAY for the connection; never the 200 that follows connecting to the app.
+        match response.await {
+            Ok(response) => assert_eq!(response.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+            Err(e) => assert!(e.is_go_away() || e.is_reset(), "{e}"),
+        }
+    })
+    .await
+}
+
+/// A stream whose writes wait until a moment has passed: an HTTP/2 server on it sends its SETTINGS late.
+struct LateWrites<T> {
+    inner: T,
+    delay: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for LateWrites<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for LateWrites<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::ready!(self.delay.as_mut().poll(cx));
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::ready!(self.delay.as_mut().poll(cx));
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// An mTLS HTTP/2 server that allows `max_streams` concurrent streams, sends its SETTINGS 200 ms late, answers
+/// every CONNECT with 200 and holds the stream until the client ends it. Yields the server address and the most
+/// streams any one connection had open at once.
+async fn strict_slow_server(mesh: &Mesh, ip: IpAddr, max_streams: u32) -> (SocketAddr, Arc<AtomicUsize>) {
+    let certs = ServerCerts::new();
+    certs.set(ip, &mesh.ca.mint(&id("server")).unwrap()).unwrap();
+    let inbound = InboundTls::new(mesh.tls.clone(), certs);
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peak = Arc::new(AtomicUsize::new(0));
+    let most = peak.clone();
+    tokio::spawn(async move {
+        loop {
+            let accepted = inbound.accept(listener.accept().await.unwrap().0).await.unwrap();
+            let late =
+                LateWrites { inner: accepted.stream, delay: Box::pin(tokio::time::sleep(Duration::from_millis(200))) };
+            let most = most.clone();
+            tokio::spawn(async move {
+                let mut conn = h2::server::Builder::new()
+                    .max_concurrent_streams(max_streams)
+                    .handshake::<_, bytes::Bytes>(late)
+                    .await
+                    .unwrap();
+                let open = Arc::new(AtomicUsize::new(0));
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let send = respond.send_response(http::Response::new(()), false).unwrap();
+                    let open = open.clone();
+                    tokio::spawn(async move {
+                        let mut body = request.into_body();
+                        while let Some(Ok(_)) = body.data().await {}
+                        drop(send);
+                        open.fetch_sub(1, Ordering::SeqCst);
+                    });
+                }
+            });
+        }
+    });
+    (addr, peak)
+}
+
+#[tokio::test]
+async fn pool_never_has_more_streams_on_a_connection_than_the_server_allows() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let (addr, peak) = strict_slow_server(&mesh, ip, 2).await;
+        // The pool would take 10 streams per connection; the server allows 2, and says so late.
+        let pool = Pool::new(
+            mesh.tls.clone(),
+            PoolConfig {
+                max_streams_per_connection: 10,
+                connect_timeout: Duration::from_secs(5),
+                ..Default::default()
+            },
+        );
+        let client = Arc::new(mesh.ca.mint(&id("client")).unwrap());
+        let req = ConnectRequest {
+            src: client,
+            src_addr: "10.1.2.3:40000".parse().unwrap(),
+            dst: addr,
+            dst_identity: id("server"),
+            authority: SocketAddr::new(ip, 1),
+            baggage: Baggage::default(),
+            extra_headers: Default::default(),
+        };
+        let opens = (0..6).map(|_| {
+            let (pool, req) = (pool.clone(), req.clone());
+            tokio::spawn(async move { pool.connect(&req).await })
+        });
+        let streams: Vec<_> = futures_join(opens).await;
+        let failed: Vec<String> = streams.iter().filter_map(|s| s.as_ref().err().map(|e| e.to_string())).collect();
+        assert!(failed.is_empty(), "{} of 6 streams failed: {failed:?}", failed.len());
+        assert_eq!(pool.connection_count(), 3, "two streams on each of three connections");
+        assert_eq!(peak.load(Ordering::SeqCst), 2, "most streams open at once on one connection");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn connections_without_streams_are_closed_after_the_idle_timeout() {
+    within(async {
+        let idle = Duration::from_millis(300);
+        let mut scene = Scene::start("server", ServeOptions { idle_timeout: idle, ..Default::default() }).await;
+        let app = echo_app(scene.ip).await;
+
+        // Never used: closed with GOAWAY once idle.
+        let started = tokio::time::Instant::now();
+        let (_send, connection) = raw_h2(&scene).await;
+        connection.await.unwrap().expect("the server closes the idle connection gracefully");
+        assert!(started.elapsed() >= idle, "closed after {:?}", started.elapsed());
+        assert_eq!(scene.server.served.recv().await.unwrap().unwrap(), hbone::Ended::IdleTimeout);
+
+        // Used, then idle: the timer starts when the last stream ends.
+        let pool = scene.pool(PoolConfig::default());
+        let stream = pool.connect(&scene.request(app)).await.unwrap();
+        assert_eq!(exchange(stream, b"once".to_vec()).await, b"once");
+        eventually_async("the idle connection left the pool", || (pool.connection_count() == 0).then_some(())).await;
+        assert_eq!(scene.server.served.recv().await.unwrap().unwrap(), hbone::Ended::IdleTimeout);
+
+        // TLS but never an HTTP/2 preface: cut when the idle timeout passes.
+        let tcp = TcpStream::connect(scene.server.addr).await.unwrap();
+        let mut tls = scene.mesh.tls.connect(tcp, &scene.client, &id("server")).await.unwrap();
+        let mut rest = Vec::new();
+        let _ = tls.read_to_end(&mut rest).await;
+        let served = scene.server.served.recv().await.unwrap();
+        assert!(matches!(served, Err(hbone::ServeError::HandshakeTimeout(_))), "{served:?}");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn client_offering_no_alpn_is_refused_with_an_alert() {
+    within(async {
+        let mut scene = Scene::new().await;
+        let mut config = (*scene.mesh.tls.client_config(&scene.client, &id("server")).unwrap()).clone();
+        config.alpn_protocols = Vec::new();
+        let err = raw_tls(config, scene.server.addr).await.unwrap_err().to_string();
+        assert!(err.contains("NoApplicationProtocol"), "{err}");
+        let server_err = scene.server.handshake_errors.recv().await.unwrap();
+        assert!(matches!(server_err, TlsError::NoAlpn { .. }), "{server_err}");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn refused_connections_get_goaway_refused_stream() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let certs = ServerCerts::new();
+        certs.set(ip, &mesh.ca.mint(&id("server")).unwrap()).unwrap();
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let inbound = InboundTls::new(mesh.tls.clone(), certs);
+        let limiter = hbone::ConnectionLimiter::new(hbone::ConnectionCaps { total: 10, per_identity: 1 });
+        tokio::spawn(async move {
+            let mut permits = Vec::new();
+            loop {
+                let accepted = inbound.accept(listener.accept().await.unwrap().0).await.unwrap();
+                match limiter.try_acquire(&accepted.peer_identity) {
+                    Ok(permit) => permits.push((permit, accepted)),
+                    Err(over) => hbone::refuse(accepted, &over.to_string()).await,
+                }
+            }
+        });
+        let client = mesh.ca.mint(&id("client")).unwrap();
+        let first = mesh.tls.connect(TcpStream::connect(addr).await.unwrap(), &client, &id("server")).await.unwrap();
+        let second = mesh.tls.connect(TcpStream::connect(addr).await.unwrap(), &client, &id("server")).await.unwrap();
+        let (send, connection) = h2::client::handshake(second).await.unwrap();
+        let connection = tokio::spawn(connection);
+        let authority = SocketAddr::new(ip, 1);
+        let result = send.ready().await.and_then(|mut send| send.send_request(connect_request(authority), true));
+        let err = match result {
+            Ok((response, _)) => response.await.unwrap_err(),
+            Err(e) => e,
+        };
+        assert_eq!(err.reason(), Some(h2::Reason::REFUSED_STREAM), "{err}");
+        assert!(err.is_go_away() && err.is_remote(), "{err}");
+        let _ = connection.await;
+        drop(first);
+    })
+    .await
 }

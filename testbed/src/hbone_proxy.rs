@@ -22,7 +22,20 @@ impl Proxy {
     /// Starts the proxy with the agent's ZDS socket, a state dir and local workloads file under `dir`, plus
     /// `env`; returns once it answers `/healthz/ready` with 200.
     pub fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path, env: &[(&str, &str)]) -> Self {
-        let mut proxy = Self::spawn(cluster, agent, dir, workloads, env);
+        Self::start_with_open_files(cluster, agent, dir, workloads, env, None)
+    }
+
+    /// Like [`Proxy::start`], with the open-files limit (`RLIMIT_NOFILE`) the process starts with set to
+    /// `(soft, hard)` when given, as a container runtime or systemd would set it (`None`: this process's own).
+    pub fn start_with_open_files(
+        cluster: &Cluster,
+        agent: &NodeAgent,
+        dir: &Path,
+        workloads: &Path,
+        env: &[(&str, &str)],
+        open_files: Option<(u64, u64)>,
+    ) -> Self {
+        let mut proxy = Self::spawn_with_open_files(cluster, agent, dir, workloads, env, open_files);
         let netns = cluster.node.netns().path();
         eventually("hbone-proxy answers /healthz/ready with 200", || {
             proxy.assert_running();
@@ -34,6 +47,17 @@ impl Proxy {
 
     /// Like [`Proxy::start`] but returns once it serves `/metrics`, ready or not (for tests of readiness).
     pub fn spawn(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path, env: &[(&str, &str)]) -> Self {
+        Self::spawn_with_open_files(cluster, agent, dir, workloads, env, None)
+    }
+
+    fn spawn_with_open_files(
+        cluster: &Cluster,
+        agent: &NodeAgent,
+        dir: &Path,
+        workloads: &Path,
+        env: &[(&str, &str)],
+        open_files: Option<(u64, u64)>,
+    ) -> Self {
         let log =
             (0..).map(|n| dir.join(format!("hbone-proxy-{n}.log"))).find(|p| !p.exists()).expect("a free log name");
         let mut cmd = Command::new(bins::path("hbone-proxy"));
@@ -47,6 +71,14 @@ impl Proxy {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(File::create(&log).expect("proxy log file"));
+        if let Some((soft, hard)) = open_files {
+            use nix::sys::resource::{setrlimit, Resource};
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec the closure only makes one async-signal-safe system call.
+            unsafe {
+                cmd.pre_exec(move || setrlimit(Resource::RLIMIT_NOFILE, soft, hard).map_err(std::io::Error::from));
+            }
+        }
         let node = cluster.node.netns().open().expect("open node netns");
         let child = node.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
         let mut proxy = Proxy { child, log };

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // not every test binary uses every helper
 
 pub mod capture;
+pub mod mesh_client;
 pub mod traffic;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -125,6 +126,17 @@ pub fn ambient_member_on(cluster: &Cluster, stack: Stack, name: &str, sa: &str) 
     pod["spec"]["serviceAccountName"] = json!(sa);
     cluster.create(&pod);
     cluster.node.try_add_pod_with(conflist_for(cluster, stack), name, NS).expect("CNI ADD")
+}
+
+/// Creates pod `name` outside the mesh (not labelled for ambient) in `cluster` through the fake CNI runtime.
+pub fn plain_member(cluster: &Cluster, name: &str) -> Pod {
+    cluster.create(&testbed::mesh::plain_pod(NS, name));
+    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
+}
+
+/// How many file descriptors process `pid` holds open (entries of `/proc/<pid>/fd`).
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(Iterator::count).unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
 }
 
 /// An app in `pod` connects to `dst`.

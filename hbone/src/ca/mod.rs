@@ -8,7 +8,7 @@ pub use workload::WorkloadCert;
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -162,7 +162,12 @@ impl MeshCa {
 
 fn create_self_signed(dir: &Path, trust_domain: &str) -> Result<(), CaError> {
     let sign_err = |source| CaError::Sign { what: format!("self-signed mesh CA in {}", dir.display()), source };
-    fs::create_dir_all(dir).map_err(|source| CaError::Io { action: "creating", path: dir.to_path_buf(), source })?;
+    // A new state directory is the proxy's alone; an existing one keeps the permissions it was given.
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| CaError::Io {
+        action: "creating",
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(sign_err)?;
     let now = whole_seconds(SystemTime::now());
     let mut params = CertificateParams::default();
@@ -197,15 +202,58 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
     Ok(certs)
 }
 
-/// Writes via a temporary file and a rename, so a crash never leaves a half-written file behind.
+/// Writes `data` to `path` with permissions `mode`: into a new file of an unpredictable name beside it (see
+/// [`write_new`]), then renamed over `path`. A crash never leaves a half-written file behind, and a symlink
+/// planted at `path` is replaced, never followed.
 fn write(path: &Path, data: &[u8], mode: u32) -> Result<(), CaError> {
-    let tmp = path.with_extension("tmp");
+    if true {
+        let tmp = path.with_extension("tmp");
+        let io_err = |source| CaError::Io { action: "writing", path: path.to_path_buf(), source };
+        let mut file =
+            fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp).map_err(io_err)?;
+        file.write_all(data).map_err(io_err)?;
+        file.sync_all().map_err(io_err)?;
+        return fs::rename(&tmp, path).map_err(io_err);
+    }
     let io_err = |source| CaError::Io { action: "writing", path: path.to_path_buf(), source };
-    let mut file =
-        fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp).map_err(io_err)?;
-    file.write_all(data).map_err(io_err)?;
-    file.sync_all().map_err(io_err)?;
-    fs::rename(&tmp, path).map_err(io_err)
+    let mut nonce = [0u8; 8];
+    SystemRandom::new().fill(&mut nonce).expect("the system random source works");
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("ca");
+    let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    let tmp = path.with_file_name(format!(".{name}.{hex}.tmp"));
+    write_new(&tmp, data, mode)?;
+    if let Err(source) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(source));
+    }
+    // Make the rename itself durable.
+    if let Some(dir) = path.parent() {
+        let _ = fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok(())
+}
+
+/// Creates `path` with `O_CREAT | O_EXCL | O_NOFOLLOW` (an existing file or symlink there is an error, never
+/// written through) and permissions exactly `mode` whatever the umask, writes `data` and syncs it. On failure
+/// after creating it, removes it again.
+fn write_new(path: &Path, data: &[u8], mode: u32) -> Result<(), CaError> {
+    let io_err = |source| CaError::Io { action: "writing", path: path.to_path_buf(), source };
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(mode)
+        .open(path)
+        .map_err(io_err)?;
+    let written = file
+        .set_permissions(fs::Permissions::from_mode(mode))
+        .and_then(|()| file.write_all(data))
+        .and_then(|()| file.sync_all());
+    if let Err(source) = written {
+        let _ = fs::remove_file(path);
+        return Err(io_err(source));
+    }
+    Ok(())
 }
 
 fn random_serial() -> SerialNumber {

@@ -130,3 +130,60 @@ fn load_names_the_missing_file() {
     let err = MeshCa::load(dir.path()).unwrap_err().to_string();
     assert!(err.contains(CA_CERT_FILE), "{err}");
 }
+
+#[test]
+fn ca_files_are_created_exclusively_without_following_symlinks() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "do not overwrite").unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    // Symlinks planted where a CA file or a predictable temporary file of one would go.
+    for name in [CA_KEY_FILE, "ca-key.tmp", ".ca-key.pem.tmp", CA_CERT_FILE, "ca-cert.tmp"] {
+        symlink(&victim, state.join(name)).unwrap();
+    }
+    // The certificate's symlink marks the directory as holding a CA; remove it so one is created.
+    std::fs::remove_file(state.join(CA_CERT_FILE)).unwrap();
+    MeshCa::load_or_create(&state, "cluster.local").unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "do not overwrite", "a symlink was written through");
+    let key = std::fs::symlink_metadata(state.join(CA_KEY_FILE)).unwrap();
+    assert!(key.file_type().is_file(), "the key replaced the planted symlink");
+    assert_eq!(key.permissions().mode() & 0o777, 0o600);
+    let state_mode = std::fs::metadata(&state).unwrap().permissions().mode() & 0o777;
+    assert_ne!(state_mode & 0o077, 0, "an existing state directory keeps its permissions");
+    let fresh = dir.path().join("fresh");
+    MeshCa::load_or_create(&fresh, "cluster.local").unwrap();
+    assert_eq!(std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777, 0o700, "a new state directory");
+    let leftovers: Vec<_> = std::fs::read_dir(&fresh)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left behind: {leftovers:?}");
+}
+
+#[test]
+fn write_new_refuses_an_existing_file_or_symlink_and_sets_the_exact_mode() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "do not overwrite").unwrap();
+    let link = dir.path().join("link");
+    symlink(&victim, &link).unwrap();
+    let dangling = dir.path().join("dangling");
+    symlink(dir.path().join("nowhere"), &dangling).unwrap();
+    for path in [&victim, &link, &dangling] {
+        let err = write_new(path, b"secret", 0o600).unwrap_err().to_string();
+        assert!(err.contains("exists") || err.contains("symbolic"), "{}: {err}", path.display());
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "do not overwrite");
+    assert!(!dir.path().join("nowhere").exists(), "the dangling symlink was followed");
+
+    let key = dir.path().join("key");
+    write_new(&key, b"secret", 0o600).unwrap();
+    assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::read(&key).unwrap(), b"secret");
+}

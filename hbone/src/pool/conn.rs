@@ -101,14 +101,15 @@ impl Driver {
     /// Drives the connection until it ends, goes idle, or stops answering PINGs; then retires it.
     pub(super) async fn run<T>(
         self,
-        mut connection: h2::client::Connection<T, Bytes>,
+        connection: h2::client::Connection<T, Bytes>,
+        ping_pong: Option<h2::PingPong>,
         keepalive: Keepalive,
         idle_timeout: Duration,
     ) where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
         let mut active = self.conn.active.subscribe();
-        let alive = keepalive::until_unresponsive(connection.ping_pong(), keepalive);
+        let alive = keepalive::until_unresponsive(ping_pong, keepalive);
         tokio::pin!(connection, alive);
         loop {
             tokio::select! {

@@ -27,7 +27,9 @@ use conn::{Conn, Conns, Driver, PoolKey, StreamSlot};
 /// Pool limits and timers.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
-    /// Streams per connection at most (the peer's SETTINGS limit applies too).
+    /// Streams per connection at most. The server's `SETTINGS_MAX_CONCURRENT_STREAMS` applies too: a new
+    /// connection is pooled only once the server's SETTINGS arrived, and a connection at the lower of the two
+    /// takes no more streams (another connection is dialled instead).
     pub max_streams_per_connection: usize,
     /// A connection without streams for this long is closed.
     pub idle_timeout: Duration,
@@ -262,8 +264,10 @@ impl Pool {
         let tcp = tcp.map_err(|source| ConnectError::Tcp { dst: key.dst, source })?;
         let _ = tcp.set_nodelay(true);
         let tls = self.inner.tls.connect(tcp, src, &key.dst_identity).await?;
-        let (send, connection) =
-            settings::client().handshake(tls).await.map_err(|source| ConnectError::H2 { dst: key.dst, source })?;
+        let h2_err = |source| ConnectError::H2 { dst: key.dst, source };
+        let (send, mut connection) = settings::client().handshake(tls).await.map_err(h2_err)?;
+        let mut ping_pong = connection.ping_pong();
+        server_settings_received(&mut connection, ping_pong.as_mut()).await.map_err(h2_err)?;
         let (active, _) = watch::channel(0);
         let conn = Arc::new(Conn {
             id: self.inner.next_id.fetch_add(1, Ordering::Relaxed),
@@ -279,8 +283,25 @@ impl Pool {
         // Pooled before its driver starts, so the driver's removal can never precede the insertion.
         self.conns().entry(key.clone()).or_default().push(conn.clone());
         let driver = Driver { conns: Arc::downgrade(&self.inner.conns), key: key.clone(), conn: conn.clone() };
-        tokio::spawn(driver.run(connection, self.inner.config.keepalive, self.inner.config.idle_timeout));
+        tokio::spawn(driver.run(connection, ping_pong, self.inner.config.keepalive, self.inner.config.idle_timeout));
         Ok(conn)
+    }
+}
+
+/// Drives a new connection until the server's SETTINGS have been applied, so that its stream limit is known
+/// before any stream is counted against the connection: h2 applies frames in order, and the server sends its
+/// SETTINGS before it answers our PING. (Until then h2 assumes no limit and would send every request at once.)
+async fn server_settings_received<T>(
+    connection: &mut h2::client::Connection<T, bytes::Bytes>,
+    ping_pong: Option<&mut h2::PingPong>,
+) -> Result<(), h2::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let Some(ping_pong) = ping_pong else { return Ok(()) };
+    tokio::select! {
+        pong = ping_pong.ping(h2::Ping::opaque()) => pong.map(|_| ()),
+        ended = &mut *connection => Err(ended.err().unwrap_or_else(|| h2::Error::from(h2::Reason::NO_ERROR))),
     }
 }
 

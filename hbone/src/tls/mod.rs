@@ -15,9 +15,11 @@ use rustls::client::Resumption;
 use rustls::crypto::ring::cipher_suite::{TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, TrustAnchor};
-use rustls::server::NoServerSessionStorage;
+use rustls::server::{Acceptor, NoServerSessionStorage};
 use rustls::{ClientConfig, ServerConfig};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio_rustls::LazyConfigAcceptor;
 
 use crate::ca::WorkloadCert;
 use crate::identity::Identity;
@@ -27,6 +29,9 @@ use verify::{Chain, MeshClientVerifier, MeshServerVerifier};
 pub const ALPN_H2: &[u8] = b"h2";
 /// How long an inbound TLS handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A plaintext TLS record holding a fatal `no_application_protocol` (120) alert: what a server sends a client
+/// whose ALPN offer it cannot accept (RFC 7301, section 3.2).
+const NO_APPLICATION_PROTOCOL_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x78];
 
 /// Why a TLS config could not be built or a handshake failed.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +64,13 @@ pub enum TlsError {
     /// Reading the socket's addresses failed.
     #[error("reading socket addresses: {0}")]
     Socket(std::io::Error),
+    /// The client did not offer the ALPN protocol `h2` (HBONE is HTTP/2 only); refused before the handshake with a
+    /// `no_application_protocol` alert.
+    #[error("TLS handshake with {peer}: refused: the client offered no ALPN protocol h2 (HBONE requires h2)")]
+    NoAlpn {
+        /// The other end of the connection.
+        peer: SocketAddr,
+    },
     /// The verified client certificate did not yield an identity (should not happen after verification).
     #[error("client {peer}: {source}")]
     PeerIdentity {
@@ -166,6 +178,11 @@ fn handshake_error(peer: SocketAddr, source: std::io::Error) -> TlsError {
     }
 }
 
+/// Whether a ClientHello's ALPN offer includes `h2`.
+fn offers_h2<'a>(offer: Option<impl Iterator<Item = &'a [u8]>>) -> bool {
+    offer.is_some_and(|mut protocols| protocols.any(|p| p == ALPN_H2))
+}
+
 /// An inbound connection after a successful mTLS handshake.
 #[derive(Debug)]
 pub struct Accepted {
@@ -193,17 +210,33 @@ impl InboundTls {
     }
 
     /// Runs the server handshake on an accepted socket, presenting the certificate of the IP it was dialled
-    /// on, and returns the stream with the client's verified identity.
+    /// on, and returns the stream with the client's verified identity. A client whose ClientHello does not offer
+    /// ALPN `h2` is refused before the handshake ([`TlsError::NoAlpn`]).
     pub async fn accept(&self, tcp: TcpStream) -> Result<Accepted, TlsError> {
         let local = tcp.local_addr().map_err(TlsError::Socket)?;
         let peer = tcp.peer_addr().map_err(TlsError::Socket)?;
         let local = SocketAddr::new(local.ip().to_canonical(), local.port());
         let config = self.tls.server_config(&self.certs, local.ip())?;
-        let handshake = tokio_rustls::TlsAcceptor::from(config).accept(tcp);
-        let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+        // One deadline for the whole handshake, ClientHello included.
+        let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        let timeout = |_| TlsError::Timeout(peer);
+        let start = tokio::time::timeout_at(deadline, LazyConfigAcceptor::new(Acceptor::default(), tcp))
             .await
-            .map_err(|_| TlsError::Timeout(peer))?
+            .map_err(timeout)?
             .map_err(|source| handshake_error(peer, source))?;
+        if !offers_h2(start.client_hello().alpn()) {
+            let mut tcp = start.io;
+            let _ = tokio::time::timeout_at(deadline, tcp.write_all(&NO_APPLICATION_PROTOCOL_ALERT)).await;
+            return Err(TlsError::NoAlpn { peer });
+        }
+        let stream = tokio::time::timeout_at(deadline, start.into_stream(config))
+            .await
+            .map_err(timeout)?
+            .map_err(|source| handshake_error(peer, source))?;
+        // The offer was checked above; this makes sure nothing else was negotiated.
+        if stream.get_ref().1.alpn_protocol() != Some(ALPN_H2) {
+            return Err(TlsError::NoAlpn { peer });
+        }
         let leaf =
             stream.get_ref().1.peer_certificates().and_then(|certs| certs.first()).ok_or(TlsError::PeerIdentity {
                 peer,
