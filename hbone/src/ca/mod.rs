@@ -206,15 +206,6 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
 /// [`write_new`]), then renamed over `path`. A crash never leaves a half-written file behind, and a symlink
 /// planted at `path` is replaced, never followed.
 fn write(path: &Path, data: &[u8], mode: u32) -> Result<(), CaError> {
-    if true {
-        let tmp = path.with_extension("tmp");
-        let io_err = |source| CaError::Io { action: "writing", path: path.to_path_buf(), source };
-        let mut file =
-            fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp).map_err(io_err)?;
-        file.write_all(data).map_err(io_err)?;
-        file.sync_all().map_err(io_err)?;
-        return fs::rename(&tmp, path).map_err(io_err);
-    }
     let io_err = |source| CaError::Io { action: "writing", path: path.to_path_buf(), source };
     let mut nonce = [0u8; 8];
     SystemRandom::new().fill(&mut nonce).expect("the system random source works");
