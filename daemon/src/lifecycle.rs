@@ -136,8 +136,7 @@ where
     tracing::info!(config = ?config, "starting");
     // Every binary holds descriptors other parties make it open (pod connections, netns handles, plugin
     // sockets): start with all the node allows, not the container runtime's default soft limit, as Go does.
-    crate::listener::raise_open_files_limit()
-        .map_err(|e| format!("raising RLIMIT_NOFILE to its hard limit: {e}"))?;
+    crate::listener::raise_open_files_limit().map_err(|e| format!("raising RLIMIT_NOFILE to its hard limit: {e}"))?;
     let shutdown = signals::shutdown_signal().map_err(|e| display_chain(&e))?;
     let probes = ProbeState::new(Arc::default());
     let startup = probes.blocker("startup", "starting");

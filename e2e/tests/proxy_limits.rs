@@ -243,8 +243,9 @@ fn idle_mtls_connections_are_closed_after_the_idle_timeout() {
     let sockets = scene.dial_b(WITH_HTTP2 + TLS_ONLY);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     runtime.block_on(async {
-        // Each connection: mTLS, then (for most) the HTTP/2 handshake; then nothing. Yields when it was ready and
-        // when it ended, which only the proxy makes happen.
+        // Each connection: mTLS, then (for most) the HTTP/2 handshake; then nothing. Yields when the proxy's timer
+        // can have started at the earliest (before the client's last handshake step, which the proxy waits for)
+        // and when the connection ended, which only the proxy makes happen.
         let handshakes = Arc::new(tokio::sync::Semaphore::new(50));
         let connections: Vec<_> = sockets
             .into_iter()
@@ -253,16 +254,17 @@ fn idle_mtls_connections_are_closed_after_the_idle_timeout() {
                 let (config, handshakes) = (config.clone(), handshakes.clone());
                 tokio::spawn(async move {
                     let permit = handshakes.acquire_owned().await.expect("semaphore");
+                    let before_tls = Instant::now();
                     let mut tls = tls(config, tcp).await.expect("mTLS to B");
                     if i < WITH_HTTP2 {
-                        let (_send, connection) = h2_client(tls).await.expect("HTTP/2 handshake");
                         let ready = Instant::now();
+                        let (_send, connection) = h2_client(tls).await.expect("HTTP/2 handshake");
                         drop(permit);
                         // Closed after GOAWAY; h2 may still report the peer's close as a broken pipe.
                         let _ended = connection.await.expect("connection task");
                         (ready, Instant::now())
                     } else {
-                        let ready = Instant::now();
+                        let ready = before_tls;
                         drop(permit);
                         let mut rest = Vec::new();
                         let _ = tokio::io::AsyncReadExt::read_to_end(&mut tls, &mut rest).await;

@@ -14,8 +14,8 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 100;
 /// short headers (`forwarded`, `baggage`, `traceparent`); a longer list is answered 431 and its stream reset, and
 /// a header block too long even to skip ends the connection (GOAWAY).
 pub const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
-/// Streams the client reset before the server accepted them, kept at most (h2's default, made explicit): one
-/// more ends the connection with GOAWAY(ENHANCE_YOUR_CALM) (the "rapid reset" attack).
+/// Streams the client reset while they wait to be accepted by the server, at most at once (h2's default, made
+/// explicit): one more ends the connection with GOAWAY(ENHANCE_YOUR_CALM) (the "rapid reset" attack).
 pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// Streams the server may reset because of the client's errors (malformed or oversized requests, streams over
 /// the concurrency limit) over one connection's life; one more ends it with GOAWAY(ENHANCE_YOUR_CALM). Above
