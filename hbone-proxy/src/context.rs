@@ -31,6 +31,9 @@ pub struct PodContext {
     pub ips: Vec<IpAddr>,
     /// Refused connections are logged at most once per direction, reason and interval for this pod.
     pub refusal_log: RateLimitedLog<(Direction, RefusalReason)>,
+    /// Failed inbound HBONE handshakes, logged at most once per error text and interval (a peer can repeat them,
+    /// and vary the text, so at most 64 texts are tracked).
+    pub handshake_log: RateLimitedLog<String>,
 }
 
 impl PodContext {
@@ -45,7 +48,18 @@ impl PodContext {
         ips: Vec<IpAddr>,
     ) -> Self {
         let refusal_log = RateLimitedLog::new(REFUSAL_LOG_INTERVAL);
-        PodContext { uid: uid.to_owned(), netns, cert: RwLock::new(cert), pool, baggage, mesh, ips, refusal_log }
+        let handshake_log = RateLimitedLog::bounded(REFUSAL_LOG_INTERVAL, 64);
+        PodContext {
+            uid: uid.to_owned(),
+            netns,
+            cert: RwLock::new(cert),
+            pool,
+            baggage,
+            mesh,
+            ips,
+            refusal_log,
+            handshake_log,
+        }
     }
 
     /// The pod's current workload certificate: new connections present it, open ones keep the one they began with.

@@ -75,7 +75,10 @@ pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut st
             return log_limit(&pod, "no_alpn", peer, &error);
         }
         Err(error) => {
-            tracing::info!(uid = %pod.uid, %error, "inbound HBONE handshake failed");
+            let text = error.to_string();
+            if let Some(suppressed) = pod.handshake_log.admit(text.clone()) {
+                tracing::info!(uid = %pod.uid, error = %text, suppressed, "inbound HBONE handshake failed");
+            }
             return;
         }
     };

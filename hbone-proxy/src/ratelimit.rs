@@ -16,6 +16,7 @@ pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct RateLimitedLog<K> {
     interval: Duration,
+    max_keys: usize,
     windows: Mutex<HashMap<K, Window>>,
 }
 
@@ -29,7 +30,13 @@ struct Window {
 impl<K: Eq + Hash> RateLimitedLog<K> {
     /// A limiter logging each key at most once per `interval`.
     pub fn new(interval: Duration) -> Self {
-        RateLimitedLog { interval, windows: Mutex::new(HashMap::new()) }
+        RateLimitedLog { interval, max_keys: usize::MAX, windows: Mutex::new(HashMap::new()) }
+    }
+
+    /// A limiter for keys a peer can vary (an error's text, say): it tracks at most `max_keys` of them; a new key
+    /// beyond that, while none of the tracked ones has expired, is only counted, never logged.
+    pub fn bounded(interval: Duration, max_keys: usize) -> Self {
+        RateLimitedLog { interval, max_keys, windows: Mutex::new(HashMap::new()) }
     }
 
     /// Records one event of `key` now; see [`RateLimitedLog::admit_at`].
@@ -53,6 +60,13 @@ impl<K: Eq + Hash> RateLimitedLog<K> {
                 Some(suppressed)
             }
             None => {
+                if windows.len() >= self.max_keys {
+                    let interval = self.interval;
+                    windows.retain(|_, w| now.saturating_duration_since(w.logged_at) < interval);
+                    if windows.len() >= self.max_keys {
+                        return None;
+                    }
+                }
                 windows.insert(key, Window { logged_at: now, suppressed: 0 });
                 Some(0)
             }
@@ -63,6 +77,20 @@ impl<K: Eq + Hash> RateLimitedLog<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_log_tracks_at_most_its_keys_and_frees_expired_ones() {
+        let log = RateLimitedLog::bounded(Duration::from_secs(10), 2);
+        let t0 = Instant::now();
+        assert_eq!(log.admit_at("a".to_owned(), t0), Some(0));
+        assert_eq!(log.admit_at("b".to_owned(), t0), Some(0));
+        for i in 0..1_000 {
+            assert_eq!(log.admit_at(format!("peer-chosen {i}"), t0), None, "no third key while two are live");
+        }
+        assert_eq!(log.windows.lock().unwrap().len(), 2);
+        let later = t0 + Duration::from_secs(10);
+        assert_eq!(log.admit_at("c".to_owned(), later), Some(0), "expired keys make room");
+    }
 
     #[test]
     fn logs_each_key_once_per_interval_and_counts_what_it_left_out() {
