@@ -13,13 +13,12 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hbone::{Identity, MeshCa};
+use hbone::Identity;
 use istio_contract::ports;
 use testbed::wait::{eventually, eventually_async};
 
@@ -34,19 +33,12 @@ const MAX_STREAMS: usize = 100;
 struct Scene {
     base: support::Scene,
     client: MeshClient,
-    _cacerts: PathBuf,
 }
 
 impl Scene {
     fn new(env: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().expect("scratch dir");
-        let cacerts = dir.path().join("cacerts");
-        MeshCa::load_or_create(&cacerts, TD).expect("test mesh CA");
-        let ca_dir = cacerts.to_str().expect("UTF-8 path").to_owned();
-        let mut all = vec![("CA_DIR", ca_dir.as_str())];
-        all.extend_from_slice(env);
-        let base = support::Scene::new(dir, "b-sa", &all);
-        Scene { base, client: MeshClient::new(&cacerts, TD), _cacerts: cacerts }
+        let base = support::Scene::with_test_ca("b-sa", env);
+        Scene { client: MeshClient::new(&base.cacerts(), TD), base }
     }
 
     fn b_identity(&self) -> Identity {

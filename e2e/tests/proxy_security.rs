@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hbone::MeshCa;
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use istio_contract::ports;
@@ -47,13 +46,8 @@ struct Scene {
 
 impl Scene {
     fn new(env: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().expect("scratch dir");
-        let cacerts = dir.path().join("cacerts");
-        MeshCa::load_or_create(&cacerts, TD).expect("test mesh CA");
-        let ca_dir = cacerts.to_str().expect("UTF-8 path").to_owned();
-        let mut all = vec![("CA_DIR", ca_dir.as_str())];
-        all.extend_from_slice(env);
-        Scene { base: support::Scene::new(dir, "b-sa", &all), cacerts }
+        let base = support::Scene::with_test_ca("b-sa", env);
+        Scene { cacerts: base.cacerts(), base }
     }
 
     fn ca_file(&self, name: &str) -> String {

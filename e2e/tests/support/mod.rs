@@ -193,6 +193,23 @@ impl Scene {
         scene
     }
 
+    /// Like [`Scene::new`] in a fresh scratch dir, with a mesh CA the test made there (`CA_DIR`), so the test can
+    /// sign client certificates of its own ([`Scene::cacerts`]).
+    pub fn with_test_ca(b_listed_sa: &str, env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("scratch dir");
+        let cacerts = dir.path().join("cacerts");
+        hbone::MeshCa::load_or_create(&cacerts, TD).expect("test mesh CA");
+        let ca_dir = cacerts.to_str().expect("UTF-8 path").to_owned();
+        let mut all = vec![("CA_DIR", ca_dir.as_str())];
+        all.extend_from_slice(env);
+        Self::new(dir, b_listed_sa, &all)
+    }
+
+    /// The mesh CA directory of a scene made by [`Scene::with_test_ca`].
+    pub fn cacerts(&self) -> PathBuf {
+        self.dir.path().join("cacerts")
+    }
+
     /// The proxy's local workloads file.
     pub fn workloads(&self) -> PathBuf {
         self.dir.path().join("workloads.yaml")
