@@ -167,6 +167,22 @@ where
     Ok(response.status().as_u16())
 }
 
+/// `exchange`'s result, or an error when it got no answer within 30 s: an exchange that never completes did not
+/// reach the app either, which is what these cases assert (the app's accept count is checked separately). Said on
+/// stderr, since a refusal is expected to be prompt.
+async fn refused_or_unanswered(
+    what: &str,
+    exchange: impl std::future::Future<Output = Result<u16, String>>,
+) -> Result<u16, String> {
+    match tokio::time::timeout(Duration::from_secs(30), exchange).await {
+        Ok(result) => result,
+        Err(_) => {
+            eprintln!("{what}: no answer within 30 s (counted as not reaching the app)");
+            Err("no answer within 30 s".into())
+        }
+    }
+}
+
 /// mTLS from A's netns (marked, like another mesh proxy) to B's 15008 with `chain`/`key`, then CONNECT to B's
 /// app: the status, or where it failed.
 async fn connect_with(
@@ -296,11 +312,11 @@ fn plaintext_to_b_15008_never_reaches_b_app() {
     block_on(async {
         // A plaintext HTTP/2 CONNECT from outside the mesh, straight to B's 15008.
         let tcp = dial(&c.netns.path(), b_hbone, false).expect("C reaches B:15008");
-        let result = h2_connect(tcp, b_app).await;
+        let result = refused_or_unanswered("plaintext CONNECT from a non-mesh pod", h2_connect(tcp, b_app)).await;
         assert!(result.is_err(), "plaintext CONNECT from a non-mesh pod: {result:?}");
         // The same from A's app: captured by A's proxy, whose tunnel to B's own 15008 is refused.
         let tcp = dial(&scene.base.a.netns.path(), b_hbone, false).expect("A's app connects to B:15008");
-        let result = h2_connect(tcp, b_app).await;
+        let result = refused_or_unanswered("plaintext CONNECT from A's app", h2_connect(tcp, b_app)).await;
         assert!(result.is_err(), "plaintext CONNECT from A's app: {result:?}");
     });
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "B's app got a connection");
