@@ -215,24 +215,48 @@ fn ask_tcp(pod: &Pod, ids: &[u16]) -> Vec<(u16, Vec<u8>)> {
     answers
 }
 
+/// A node with the agent and the real proxy, whose DNS forwarder's one upstream is `gateway:53` (the node side
+/// of the pods' bridge, where the tests start their DNS server once the first pod exists).
+struct DnsNode {
+    // Fields drop in this order: the proxy before its state dir, the agent and the node.
+    proxy: Proxy,
+    _dir: tempfile::TempDir,
+    _agent: NodeAgent,
+    cluster: Cluster,
+    gateway: Ipv4Addr,
+}
+
+impl DnsNode {
+    fn start() -> Self {
+        let cluster = Cluster::with_backend(RuleBackend::Nftables);
+        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+        let agent = NodeAgent::start(&cluster, &[]);
+        let dir = tempfile::tempdir().expect("scratch dir");
+        let gateway = cluster.node.gateway();
+        let upstream = format!("{gateway}:53");
+        let proxy = Proxy::start(
+            &cluster,
+            &agent,
+            dir.path(),
+            &dir.path().join("workloads.yaml"),
+            &[("DNS_UPSTREAMS", upstream.as_str())],
+        );
+        DnsNode { cluster, _agent: agent, _dir: dir, proxy, gateway }
+    }
+}
+
+/// Creates ambient pod `name` through the runtime; ADD returns once the proxy serves it.
+fn ambient_member(cluster: &Cluster, name: &str) -> Pod {
+    cluster.create(&ambient_pod(NS, name));
+    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
+}
+
 #[test]
 fn an_ambient_pods_dns_is_answered_through_the_forwarder() {
-    let cluster = Cluster::with_backend(RuleBackend::Nftables);
-    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-    let agent = NodeAgent::start(&cluster, &[]);
-    let dir = tempfile::tempdir().expect("scratch dir");
-    let gateway = cluster.node.gateway();
-    let upstream = format!("{gateway}:53");
-    let mut proxy = Proxy::start(
-        &cluster,
-        &agent,
-        dir.path(),
-        &dir.path().join("workloads.yaml"),
-        &[("DNS_UPSTREAMS", upstream.as_str())],
-    );
-    cluster.create(&ambient_pod(NS, "a"));
+    // Bound in this order so they drop as the node was built, in reverse: the proxy first, the node last.
+    let DnsNode { cluster, _agent, _dir, mut proxy, gateway } = DnsNode::start();
     // ADD returns only after the proxy acked the pod, i.e. its listeners (15053 included) are up.
-    let pod = cluster.node.try_add_pod_with(ambient_conflist(&cluster), "a", NS).expect("CNI ADD");
+    let pod = ambient_member(&cluster, "a");
     // The bridge (and so the gateway address) exists once the first pod is attached.
     let mut server = DnsServer::start(cluster.node.netns(), gateway);
 
@@ -314,24 +338,8 @@ fn flood(pod: &Pod) -> Duration {
 
 #[test]
 fn a_pods_dns_flood_keeps_the_proxys_memory_bounded_and_other_pods_resolving() {
-    let cluster = Cluster::with_backend(RuleBackend::Nftables);
-    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-    let agent = NodeAgent::start(&cluster, &[]);
-    let dir = tempfile::tempdir().expect("scratch dir");
-    let gateway = cluster.node.gateway();
-    let upstream = format!("{gateway}:53");
-    let proxy = Proxy::start(
-        &cluster,
-        &agent,
-        dir.path(),
-        &dir.path().join("workloads.yaml"),
-        &[("DNS_UPSTREAMS", upstream.as_str())],
-    );
-    for name in ["flooder", "neighbour"] {
-        cluster.create(&ambient_pod(NS, name));
-    }
-    let flooder = cluster.node.try_add_pod_with(ambient_conflist(&cluster), "flooder", NS).expect("CNI ADD");
-    let neighbour = cluster.node.try_add_pod_with(ambient_conflist(&cluster), "neighbour", NS).expect("CNI ADD");
+    let DnsNode { cluster, _agent, _dir, proxy, gateway } = DnsNode::start();
+    let (flooder, neighbour) = (ambient_member(&cluster, "flooder"), ambient_member(&cluster, "neighbour"));
     // One upstream for the whole node (DNS_UPSTREAMS), unresponsive to the flooder and working for the neighbour.
     let server = DnsServer::start_ignoring(cluster.node.netns(), gateway, Some(flooder.ip.into()));
     assert_fixed_answer(&ask_udp(&neighbour, &query(1)).expect("the neighbour resolves before the flood"), 1);
