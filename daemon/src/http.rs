@@ -3,7 +3,9 @@
 //! has a connection cap, backs off on accept errors and stops accepting when the drain starts), disconnects a
 //! client that does not send its request headers in time (so nobody can hold a drain open by saying nothing), and
 //! on a graceful drain lets each connection finish the request in progress, while an immediate drain drops it.
-//! What it answers is a closure from request to a future of the response.
+//! What it answers is a closure from request to a future of the response. On a unix socket every request carries
+//! the peer's [`PeerCredentials`] as an extension (`request.extensions().get::<PeerCredentials>()`), read once per
+//! connection from the kernel, so a handler can refuse a peer by who it is.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -20,7 +22,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
 use crate::drain::{DrainMode, DrainWatcher};
-use crate::listener::{self, Listen};
+use crate::listener::{self, Connection, Listen, PeerCredentials};
 
 /// The body of every response: all of it at once (probe bodies, metrics, a JSON dump are all small).
 pub type Body = Full<Bytes>;
@@ -81,11 +83,15 @@ async fn serve_connection<C, R, F>(
     name: &str,
     drain: DrainWatcher,
 ) where
-    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    C: Connection,
     R: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let service = service_fn(move |request| {
+    let peer: Option<PeerCredentials> = conn.peer_credentials();
+    let service = service_fn(move |mut request: Request<Incoming>| {
+        if let Some(peer) = peer {
+            request.extensions_mut().insert(peer);
+        }
         let response = routes(request);
         async move { Ok::<_, Infallible>(response.await) }
     });

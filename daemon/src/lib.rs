@@ -2,7 +2,8 @@
 //! shares: one `main` skeleton ([`lifecycle`]: settings, logging, runtime, signals, probes, drain with a
 //! deadline), structured logging, a drain primitive for orderly shutdown, the SIGTERM/SIGINT listener, one
 //! drain-aware accept loop and HTTP/1 server that every endpoint runs on, and the health/readiness/metrics
-//! endpoints the kubelet and Prometheus scrape, with readiness made of named blockers.
+//! endpoints the kubelet and Prometheus scrape, with readiness made of named blockers, and the log throttle for
+//! whatever a peer can repeat.
 
 pub mod common_args;
 pub mod drain;
@@ -13,5 +14,6 @@ pub mod listener;
 pub mod logging;
 pub mod probes;
 pub mod signals;
+pub mod throttle;
 
 pub use error::Error;

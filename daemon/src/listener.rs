@@ -2,8 +2,10 @@
 //! connections are served at once (the excess is closed at once, and counted in a rate-limited warning), backs
 //! off when accepting fails (say, out of file descriptors) instead of spinning, and stops accepting when the
 //! drain starts; each connection holds the drain open until it is done. [`crate::http`] serves HTTP/1 on it; a
-//! plain stream socket (the node agent's plugin log socket) uses [`serve`] directly. A server that takes
-//! connections from others raises its open-files limit at start ([`raise_open_files_limit`]).
+//! plain stream socket (the node agent's plugin log socket) uses [`serve`] directly. Every accepted connection can
+//! tell who is at the other end of a unix socket ([`Connection::peer_credentials`]), so a server that must know
+//! its peer (the node agent's plugin event socket) asks the kernel rather than believe the request. A server that
+//! takes connections from others raises its open-files limit at start ([`raise_open_files_limit`]).
 
 use std::future::Future;
 use std::io;
@@ -11,13 +13,14 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
 use crate::drain::DrainWatcher;
+use crate::throttle::Throttle;
 use crate::Error;
 
 /// How many connections a server serves at once unless it says otherwise: far more than the kubelet's probes,
@@ -27,16 +30,46 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
 /// Longest pause after failed accepts.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// A warning that could repeat per connection (accept errors, refused connections) is logged at most this often.
-const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A listening socket the accept loop takes connections from: TCP for the probe, metrics and admin ports, a
 /// unix socket for the node agent's plugin sockets.
 pub trait Listen: Send + 'static {
     /// One accepted connection.
-    type Conn: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    type Conn: Connection;
     /// Waits for the next connection.
     fn accept(&self) -> impl Future<Output = io::Result<Self::Conn>> + Send;
+}
+
+/// Who connected to a unix socket, as the kernel recorded it when the peer called `connect(2)` (`SO_PEERCRED`):
+/// what a server may trust about a local peer, unlike anything the peer sends. [`crate::http`] attaches it to every
+/// request of the connection as an extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// The peer's effective uid at connect time.
+    pub uid: u32,
+    /// The peer's effective gid at connect time.
+    pub gid: u32,
+    /// The peer's pid at connect time, when the kernel could map it into our pid namespace.
+    pub pid: Option<i32>,
+}
+
+/// An accepted connection: a byte stream that can say who is at the other end when the kernel knows.
+pub trait Connection: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The peer's credentials: `Some` for a unix socket (unless the kernel refused to tell), `None` for TCP, whose
+    /// peer is only an address.
+    fn peer_credentials(&self) -> Option<PeerCredentials>;
+}
+
+impl Connection for TcpStream {
+    fn peer_credentials(&self) -> Option<PeerCredentials> {
+        None
+    }
+}
+
+impl Connection for UnixStream {
+    fn peer_credentials(&self) -> Option<PeerCredentials> {
+        self.peer_cred().ok().map(|cred| PeerCredentials { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() })
+    }
 }
 
 impl Listen for TcpListener {
@@ -171,28 +204,6 @@ fn is_per_connection(error: &io::Error) -> bool {
     )
 }
 
-/// Counts events and lets one through per [`LOG_INTERVAL`], so a flood logs a line every few seconds, not one per
-/// event.
-#[derive(Debug, Default)]
-struct Throttle {
-    last: Option<Instant>,
-    /// Events since the last one let through.
-    held: u64,
-}
-
-impl Throttle {
-    /// Counts one event; `Some(count of the events held back before it)` if this one should be logged.
-    fn hit(&mut self) -> Option<u64> {
-        let now = Instant::now();
-        if self.last.is_some_and(|last| now.duration_since(last) < LOG_INTERVAL) {
-            self.held += 1;
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.held))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,16 +219,5 @@ mod tests {
         assert_eq!(limit, OpenFilesLimit { soft_before: lowered, soft: hard, hard });
         assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (hard, hard));
         setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
-    }
-
-    #[test]
-    fn throttle_lets_the_first_through_then_counts() {
-        let mut throttle = Throttle::default();
-        assert_eq!(throttle.hit(), Some(0));
-        assert_eq!(throttle.hit(), None);
-        assert_eq!(throttle.hit(), None);
-        throttle.last = Some(Instant::now() - LOG_INTERVAL);
-        assert_eq!(throttle.hit(), Some(2));
-        assert_eq!(throttle.hit(), None);
     }
 }

@@ -396,3 +396,43 @@ async fn unix_bind_error_names_the_path() {
     let error = listener::bind_unix(std::path::Path::new("/nonexistent/dir/x.sock"), 0o600).unwrap_err();
     assert!(error.to_string().contains("/nonexistent/dir/x.sock"), "{error}");
 }
+
+/// Answers every request with the peer credentials the server attached to it, or `none`.
+async fn serve_peer<L: listener::Listen>(listener: L) -> (DrainTrigger, JoinHandle<()>) {
+    let (trigger, watcher) = Drain::new();
+    let task = tokio::spawn(http::Server::new("peer").serve(listener, watcher, |request| async move {
+        let peer = request.extensions().get::<listener::PeerCredentials>().copied();
+        let body = peer.map_or("none".to_owned(), |p| format!("uid={} gid={} pid={:?}", p.uid, p.gid, p.pid));
+        reply(StatusCode::OK, TEXT, body)
+    }));
+    (trigger, task)
+}
+
+#[tokio::test]
+async fn every_request_on_a_unix_socket_carries_the_peers_credentials_and_tcp_requests_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("peer.sock");
+    let (trigger, task) = serve_peer(listener::bind_unix(&path, 0o600).unwrap()).await;
+    let mut stream = within("connect", UnixStream::connect(&path)).await.unwrap();
+    let me = format!(
+        "uid={} gid={} pid={:?}",
+        nix::unistd::geteuid(),
+        nix::unistd::getegid(),
+        Some(std::process::id() as i32)
+    );
+    // Every request of a kept-alive connection carries it, not only the first.
+    for _ in 0..2 {
+        let answer = exchange(&mut stream, "GET", "/", false).await;
+        assert_eq!((answer.status, answer.body.as_str()), (200, me.as_str()));
+    }
+    trigger.start(DrainMode::Immediate);
+    within("serve returning", task).await.unwrap();
+
+    let tcp = listener::bind_tcp(localhost_any()).await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let (trigger, task) = serve_peer(tcp).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(exchange(&mut stream, "GET", "/", true).await.body, "none", "a TCP peer has no credentials");
+    trigger.start(DrainMode::Immediate);
+    within("serve returning", task).await.unwrap();
+}

@@ -5,6 +5,7 @@ use std::net::{SocketAddr, SocketAddrV4};
 
 use istio_contract::{names, ports, proxy};
 use serde_json::{json, Value};
+use testbed::kubelet::KUBELET_UID;
 use testbed::mesh::{plain_pod, RuleBackend};
 use testbed::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, namespace, netns_id, redirection, uid, NodeAgent, Reply, RequestKind,
@@ -196,7 +197,7 @@ fn host_connections_to_an_enrolled_pod_come_from_the_probe_address() {
     on_every_backend(|backend, c, _| {
         let web = run(c, &ambient_pod(NS, "web"));
         let app = web.netns.listen_tcp(APP_PORT);
-        c.node.netns().connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("host connects");
+        c.node.netns().connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), Some(KUBELET_UID)).expect("kubelet connects");
         let got = app.accepted();
         assert_eq!(got.peer.ip(), std::net::IpAddr::V4(proxy::PROBE_SNAT_V4), "{backend:?}: SNAT to the probe address");
     });
@@ -219,7 +220,7 @@ fn a_pod_deleted_through_the_api_is_removed_from_the_proxy_and_the_probe_set() {
     // The in-pod rules stay (the netns goes away with the pod), so the host's connection lands on 15006,
     // now from the node's own address.
     let proxy = testbed::tcp::listen_in(peer.netns(&id), ports::INBOUND_PLAINTEXT, false);
-    c.node.netns().connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), None).expect("host connects");
+    c.node.netns().connect_tcp(SocketAddr::V4(v4(web.ip, APP_PORT)), Some(KUBELET_UID)).expect("kubelet connects");
     assert_eq!(proxy.accepted().peer.ip(), std::net::IpAddr::V4(c.node.gateway()), "no probe SNAT any more");
 }
 
@@ -248,7 +249,7 @@ fn a_reused_ip_keeps_the_new_pods_probe_entry() {
         });
 
         let app = new.netns.listen_tcp(APP_PORT);
-        c.node.netns().connect_tcp(SocketAddr::V4(v4(new.ip, APP_PORT)), None).expect("host connects");
+        c.node.netns().connect_tcp(SocketAddr::V4(v4(new.ip, APP_PORT)), Some(KUBELET_UID)).expect("kubelet connects");
         assert_eq!(app.accepted().peer.ip(), std::net::IpAddr::V4(proxy::PROBE_SNAT_V4), "{backend:?}: entry kept");
     });
 }
@@ -293,4 +294,60 @@ fn host_probe_rules_go_into_the_host_netns_the_agent_is_given() {
     assert!(tables(&host).contains("istio-ambient"), "host probe tables in HOST_NETNS: {}", tables(&host));
     let own = tables(cluster.node.netns());
     assert!(!own.contains("istio-ambient"), "nothing in the agent's own netns: {own}");
+}
+
+/// Interface names that must never reach an in-pod rule: the newline-and-rule, one that the unchecked
+/// iptables payload would have taken whole (an ACCEPT at the top of nat OUTPUT: the pod's traffic escapes
+/// capture), and a 16-byte name (one over the kernel's limit; nftables used to truncate it).
+const UNSAFE_INTERFACES: [&str; 3] =
+    ["eth9\n-I OUTPUT -j ACCEPT", "eth9 -j RETURN\n-I OUTPUT -j ACCEPT\n-A OUTPUT -o eth9", "abcdefghijklmnop"];
+
+/// Rule lines the pod's netns holds in any backend: iptables' `-A`/`-I` lines and nftables' `rule`s.
+fn rule_lines(ns: &testbed::NetnsGuard) -> Vec<String> {
+    let dump = RuleBackend::dump_all(ns);
+    let ipt = dump.lines().filter(|l| l.starts_with("-A ") || l.starts_with("-I ")).map(String::from);
+    let nft = ns.exec_json(&["nft", "-j", "list", "ruleset"]);
+    let nft = nft["nftables"].as_array().into_iter().flatten().filter_map(|i| i.get("rule")).map(Value::to_string);
+    ipt.chain(nft).collect()
+}
+
+#[test]
+fn a_reroute_virtual_interfaces_annotation_holding_a_rule_or_16_bytes_fails_add_in_every_backend_and_programs_nothing()
+{
+    on_every_backend(|backend, c, peer| {
+        let list = testbed::NetworkConfigList::from_value(ambient_conflist(c)).expect("ambient conflist");
+        for (i, value) in UNSAFE_INTERFACES.into_iter().enumerate() {
+            let name = format!("bad-{i}");
+            let mut pod = ambient_pod(NS, &name);
+            pod["metadata"]["annotations"] = json!({ names::REROUTE_VIRTUAL_INTERFACES: format!("eth1,{value}") });
+            c.create(&pod);
+            // ADD by hand, so the pod's netns outlives the failed ADD and can be listed.
+            let netns = c.node.pod_netns();
+            let conf = testbed::node::pod_attachment(&netns, NS, &name);
+            let result = c.node.runtime().add(&list, &conf);
+            c.node.runtime().del(&list, &conf).expect("DEL after the failed ADD");
+            let case = format!("{backend:?} {}={value:?}", names::REROUTE_VIRTUAL_INTERFACES);
+            let (code, msg) = match result {
+                Err(RuntimeError::Plugin(e)) => (e.code, format!("{} {}", e.msg, e.details)),
+                other => panic!("{case}: expected the plugin to fail ADD, got {other:?}"),
+            };
+            // Invalid config, as on the sidecar path: no retry can fix the pod.
+            assert_eq!(code, Some(7), "{case}: {msg}");
+            assert!(msg.contains(&format!("annotation {}=", names::REROUTE_VIRTUAL_INTERFACES)), "{case}: {msg}");
+            assert!(msg.contains("interface name"), "{case}: {msg}");
+            let left = rule_lines(&netns);
+            assert!(left.is_empty(), "{case}: rules were programmed:\n{}", left.join("\n"));
+            let all = RuleBackend::dump_all(&netns);
+            assert!(!all.to_lowercase().contains("istio"), "{case}:\n{all}");
+            let id = uid(c, NS, &name);
+            assert!(peer.received_for(RequestKind::Add, &id).is_empty(), "{case}: the proxy got the pod");
+            assert_eq!(redirection(c, NS, &name), None, "{case}: the pod was annotated");
+        }
+        // One byte less is the kernel's limit, and is programmed whole.
+        let mut pod = ambient_pod(NS, "longest");
+        pod["metadata"]["annotations"] = json!({ names::REROUTE_VIRTUAL_INTERFACES: "abcdefghijklmno" });
+        let ok = run(c, &pod);
+        let dump = backend.dump(&ok.netns);
+        assert!(dump.contains("abcdefghijklmno"), "{backend:?}: the 15-byte name is missing:\n{dump}");
+    });
 }

@@ -29,6 +29,8 @@ use zds::ZdsError;
 
 /// Namespace whose pods opt in by their own label.
 const NS: &str = "shop";
+/// The agent's count of `/proc` scans for running pods' netns.
+const PROC_SCANS: &str = "nodeagent_proc_scans_total";
 /// A cluster on native nftables with the `shop` namespace stored, and the agent running on its node.
 fn setup() -> (Cluster, NodeAgent) {
     ambient_node(RuleBackend::Nftables, NS, &[])
@@ -89,6 +91,7 @@ fn labelling_a_namespace_enrolls_its_running_pods_through_proc_and_unlabelling_r
         assert!(has_no_inpod_rules(&inpod_rules(&pod.netns)));
     }
 
+    let scans = agent.metric(PROC_SCANS);
     c.api.upsert(namespace("lab", json!({ names::DATAPLANE_MODE_LABEL: "ambient" }))).expect("label namespace");
     for ((name, id), pod) in names.iter().zip(&ids).zip(&pods) {
         let add = eventually(&format!("the proxy receives AddWorkload for lab/{name}"), || {
@@ -107,6 +110,9 @@ fn labelling_a_namespace_enrolls_its_running_pods_through_proc_and_unlabelling_r
         l.strip_prefix("nodeagent_enrollment_duration_seconds_count{phase=\"netns\"} ")?.trim().parse::<f64>().ok()
     });
     assert!(discovered >= Some(names.len() as f64), "netns phase counts the /proc discoveries:\n{metrics}");
+    // One /proc scan found both pods' netns: a scan per pod reads every process of the node once per pod.
+    assert_eq!(scans, Some(0), "nothing was scanned before the label:\n{metrics}");
+    assert_eq!(agent.metric(PROC_SCANS), Some(1), "one /proc scan for the whole namespace:\n{metrics}");
 
     c.api.upsert(namespace("lab", json!({}))).expect("unlabel namespace");
     for ((name, id), pod) in names.iter().zip(&ids).zip(&pods) {

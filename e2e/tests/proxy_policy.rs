@@ -1,7 +1,8 @@
 //! Mesh policy in the real `hbone-proxy` (real node agent, pods through the fake CNI runtime): `MTLS_MODE=STRICT`
 //! refuses plaintext inbound connections captured on 15006 (`PERMISSIVE`, the default, forwards them), and a
 //! destination the local workloads file marks `requireMtls: true` but which does not speak HBONE is refused
-//! instead of being reached in plaintext.
+//! instead of being reached in plaintext. `STRICT` does not cover the kubelet's connections, which the host
+//! probe SNAT sends around the proxy, as in Istio.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -11,10 +12,11 @@ use std::time::Duration;
 use istio_contract::ports;
 use serde_json::json;
 
+use testbed::kubelet::KUBELET_UID;
 use testbed::mesh::plain_pod;
 use testbed::node_agent::{ambient_conflist, uid};
 use testbed::wait::eventually;
-use testbed::{Cluster, Pod};
+use testbed::{Cluster, NetnsGuard, Pod};
 
 mod support;
 use support::traffic::echo_app;
@@ -43,6 +45,49 @@ fn say_hello(from: &Pod, to: &Pod) -> io::Result<Vec<u8>> {
     let mut back = Vec::new();
     stream.read_to_end(&mut back)?;
     Ok(back)
+}
+
+/// A process in the node's netns (`host`) whose sockets are owned by `uid` (root when `None`) sends [`HELLO`] to
+/// `to`:8080 in plaintext, as `say_hello` does: what came back.
+fn host_says_hello(host: &NetnsGuard, to: &Pod, uid: Option<u32>) -> io::Result<Vec<u8>> {
+    let dst = SocketAddr::from((to.ip, APP_PORT));
+    let ns = host.open().expect("open node netns");
+    // A socket belongs to the fsuid of the thread creating it; `run`'s thread is thrown away afterwards.
+    let mut stream = ns
+        .run(|| {
+            if let Some(uid) = uid {
+                nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
+            }
+            TcpStream::connect_timeout(&dst, Duration::from_secs(10))
+        })
+        .expect("enter node netns")?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(HELLO)?;
+    stream.shutdown(Shutdown::Write)?;
+    let mut back = Vec::new();
+    stream.read_to_end(&mut back)?;
+    Ok(back)
+}
+
+/// `STRICT` covers what the in-pod capture hands the proxy, and only that. The kubelet's connections are SNATed on
+/// the host to the probe address, which the in-pod rules let through uncaptured: they reach B's app in plaintext
+/// and the proxy never sees them. Another host process (nftables mode: not the kubelet's uid) is captured and
+/// refused like any plaintext peer.
+#[test]
+fn strict_mtls_mode_does_not_cover_the_kubelets_plaintext_which_bypasses_the_proxy_through_the_probe_snat() {
+    let scene = scene(&[("MTLS_MODE", "STRICT")]);
+    let accepted = echo_app(scene.b_listener());
+    let host = scene.cluster.node.netns();
+
+    let kubelet = host_says_hello(host, &scene.b, Some(KUBELET_UID)).expect("the kubelet's plaintext connection");
+    assert_eq!(kubelet, HELLO, "the kubelet's plaintext reached B's app and came back");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+    let other = host_says_hello(host, &scene.b, None);
+    assert!(other.as_ref().map_or(true, Vec::is_empty), "plaintext of another host uid got through: {other:?}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "B's app never saw it");
+    let logged = "plaintext refused: MTLS_MODE=STRICT";
+    eventually("the access log tells", || scene.proxy.log().contains(logged).then_some(()));
 }
 
 #[test]

@@ -164,13 +164,8 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
 pub async fn pod_ips(ns: &PodNetns) -> io::Result<Vec<IpAddr>> {
     ns.run(|| -> io::Result<Vec<IpAddr>> {
         let mut ips = Vec::new();
-        for ifaddr in nix::ifaddrs::getifaddrs()? {
-            let Some(addr) = ifaddr.address else { continue };
-            let ip = match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
-                (Some(v4), _) => IpAddr::V4(v4.ip()),
-                (_, Some(v6)) => IpAddr::V6(v6.ip()),
-                _ => continue,
-            };
+        // A netlink dump with a receive timeout: a kernel that never answers cannot hang a worker.
+        for ip in netns::netlink::addresses()? {
             let link_local = matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
             if !ip.is_loopback() && !link_local && !ips.contains(&ip) {
                 ips.push(ip);

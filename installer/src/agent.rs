@@ -9,6 +9,7 @@ use daemon::probes::{Blocker, ProbeState};
 use crate::binaries::{self, BinError, InstalledBinary};
 use crate::cniconf::{self, Change, ConfSettings, Desired, Invalid, PluginEntry};
 use crate::config::Config;
+use crate::crash::{self, Step};
 use crate::fight::{likely_culprit, FightDetector};
 use crate::journal::{original_bytes, ConfRecord, Journal};
 use crate::kubeconfig::{self, KubeconfigSettings};
@@ -98,13 +99,34 @@ impl Agent {
         dirs
     }
 
-    /// The first install: binaries (fatal on failure), then everything else through [`Agent::reconcile`].
+    /// The first install: binaries (fatal on failure), then what a crash of an earlier run left half done in the
+    /// conf dir, then everything else through [`Agent::reconcile`].
     pub fn start(&mut self) -> Result<(), StartError> {
         let run_dir = &self.config.cni_agent_run_dir;
         std::fs::create_dir_all(run_dir).map_err(|source| StartError::RunDir { path: run_dir.clone(), source })?;
         self.install_binaries()?;
+        self.recover_conf_dir();
         self.reconcile("startup");
         Ok(())
+    }
+
+    /// Removes our stale temp files from the conf dir and completes a `.conf` conversion an earlier run crashed
+    /// in, so the first install sees the `.conflist` and no stale `.conf` shadows it. Failures are logged; the
+    /// install then goes on with what is there.
+    fn recover_conf_dir(&self) {
+        let dir = &self.config.mounted_cni_net_dir;
+        match crate::atomic::remove_stale_temps(dir) {
+            Ok(stale) => stale.iter().for_each(|p| tracing::info!(temp = %p.display(), "removed stale temp file")),
+            Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot remove stale temp files"),
+        }
+        match cniconf::complete_conversions(dir) {
+            Ok(changes) => {
+                for change in changes {
+                    tracing::info!(change = ?change, "completed a CNI config conversion an earlier run left half done");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot complete an interrupted CNI config conversion"),
+        }
     }
 
     fn install_binaries(&mut self) -> Result<(), BinError> {
@@ -220,6 +242,7 @@ impl Agent {
             if let Err(e) = self.journal.converting(from, &plan.target) {
                 return Err(format!("cannot record {} before converting it: {e}", from.display()));
             }
+            crash::after(Step::ConfRecorded);
         }
         let existed = plan.target.exists();
         let change = cniconf::apply(plan).map_err(|e| e.to_string())?;

@@ -22,20 +22,30 @@ pub fn is_temp_name(name: &OsStr) -> bool {
 /// the new file, never a partial one, and the change survives a crash: temp file in the same
 /// directory, write, fsync, chmod, rename, fsync the directory.
 pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    write_atomic_staged(path, contents, mode, || {})
+}
+
+/// [`write_atomic`], calling `staged` once the temp file is complete and synced but not yet renamed over
+/// `path`: the crash hook's [`Step::ConflistStaged`](crate::crash::Step::ConflistStaged).
+pub(crate) fn write_atomic_staged(path: &Path, contents: &[u8], mode: u32, staged: impl FnOnce()) -> io::Result<()> {
     let dir = parent_dir(path);
     let mut tmp = tempfile::Builder::new().prefix(TEMP_PREFIX).tempfile_in(dir)?;
     tmp.write_all(contents)?;
     tmp.as_file().set_permissions(Permissions::from_mode(mode))?;
     tmp.as_file().sync_all()?;
+    staged();
     tmp.persist(path).map_err(|e| e.error)?;
     sync_dir(dir)
 }
 
-/// Renames `from` to `to` and fsyncs the directory, for moves that must survive a crash (a
-/// converted `.conf` becoming its `.conflist`).
-pub fn rename_synced(from: &Path, to: &Path) -> io::Result<()> {
-    fs::rename(from, to)?;
-    sync_dir(parent_dir(to))
+/// Deletes `path` and fsyncs its directory, so the removal survives a crash (the last step of converting a
+/// `.conf`); `false` when it was already gone.
+pub fn remove_synced(path: &Path) -> io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => sync_dir(parent_dir(path)).map(|()| true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Deletes temp files a crashed earlier run left behind in `dir`, so they do not pile up on the

@@ -87,7 +87,8 @@ impl Journal {
         }
     }
 
-    /// Records the conversion of `from` (read before it is rewritten).
+    /// Records the conversion of `from` (its bytes and mode) and saves the journal, before the conversion writes
+    /// anything, so a crash at any later step still leaves the original to restore on uninstall.
     pub fn converting(&mut self, from: &Path, to: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let original = std::fs::read(from)?;

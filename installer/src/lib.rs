@@ -13,6 +13,7 @@ pub mod binaries;
 pub mod cniconf;
 #[cfg(feature = "runtime")]
 pub mod config;
+pub mod crash;
 pub mod fight;
 pub mod journal;
 pub mod kubeconfig;

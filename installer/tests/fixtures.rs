@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use installer::atomic::{is_temp_name, remove_stale_temps, write_atomic, TEMP_PREFIX};
 use installer::cniconf::{
-    apply, check, cleanup, desired, find_primary, insert, remove_entry, standalone, Change, ConfForm, ConfSettings,
-    Invalid, Malformed, PluginEntry,
+    apply, check, cleanup, complete_conversions, desired, find_primary, insert, remove_entry, standalone, Change,
+    ConfForm, ConfSettings, Invalid, Malformed, PluginEntry,
 };
 use installer::kubeconfig::{render, KubeconfigError, KubeconfigSettings};
 use serde_json::json;
@@ -318,7 +318,7 @@ fn writing_into_the_net_dir_twice_gives_the_goldens() {
 }
 
 #[test]
-fn a_converted_conf_is_renamed_to_its_conflist() {
+fn a_converted_conf_becomes_its_conflist() {
     let dir = NetDir::new(BRIDGE_AND_LIST);
     let change = install(&dir, &settings(true, None, None, false), &unit_entry(false));
     assert_eq!(change, Some(Change::Converted { from: dir.path("bridge.conf"), to: dir.path("bridge.conflist") }));
@@ -347,6 +347,55 @@ fn a_single_json_config_is_converted_to_a_conflist() {
     install(&dir, &settings(true, None, None, false), &unit_entry(false));
     assert_eq!(dir.names(), ["10-bridge.conflist"]);
     assert_eq!(dir.read("10-bridge.conflist"), text(&read("unit/bridge.conf.golden")));
+}
+
+/// A conversion crashed after its `.conflist` was written but before the `.conf` was removed: the restart
+/// removes the leftover `.conf`, and the next install leaves our entry chained once.
+#[test]
+fn a_leftover_conf_beside_its_converted_conflist_is_removed() {
+    let dir = NetDir::new(&[("unit/bridge.conf", "bridge.conf"), ("unit/bridge.conf.golden", "bridge.conflist")]);
+    let changes = complete_conversions(dir.root()).unwrap();
+    assert_eq!(changes, [Change::Deleted(dir.path("bridge.conf"))]);
+    assert_eq!(dir.names(), ["bridge.conflist"]);
+    install(&dir, &settings(true, None, None, false), &unit_entry(false));
+    assert_eq!(dir.read("bridge.conflist"), text(&read("unit/bridge.conf.golden")), "chained exactly once");
+    assert_eq!(complete_conversions(dir.root()).unwrap(), [], "nothing left to complete");
+}
+
+/// A list-shaped `.conf` holding our entry is what the old rewrite-then-rename order (Istio's too) leaves when
+/// it crashes before the rename; libcni cannot load it. The restart completes the rename, keeping the mode.
+#[test]
+fn a_list_shaped_conf_holding_our_entry_becomes_its_conflist() {
+    let dir = NetDir::new(&[("unit/bridge.conf.golden", "bridge.conf"), ("unit/list.conflist", "list.conflist")]);
+    fs::set_permissions(dir.path("bridge.conf"), fs::Permissions::from_mode(0o600)).unwrap();
+    let changes = complete_conversions(dir.root()).unwrap();
+    assert_eq!(changes, [Change::Converted { from: dir.path("bridge.conf"), to: dir.path("bridge.conflist") }]);
+    assert_eq!(dir.names(), ["bridge.conflist", "list.conflist"]);
+    assert_eq!(dir.read("bridge.conflist"), text(&read("unit/bridge.conf.golden")));
+    assert_eq!(dir.mode("bridge.conflist"), 0o600);
+    install(&dir, &settings(true, None, None, false), &unit_entry(false));
+    assert_eq!(dir.read("bridge.conflist"), text(&read("unit/bridge.conf.golden")), "chained exactly once");
+}
+
+/// What is not a half-done conversion of ours stays as it is: a list-shaped `.conf` without our entry (which,
+/// as in Istio, discovery skips for want of a `type`), a `.conf` whose `.conflist` holds another plugin, our
+/// standalone config, and non-JSON files.
+#[test]
+fn completing_conversions_leaves_everything_else_alone() {
+    let files = [
+        ("unit/list.conflist", "00-list.conf"),
+        ("integration/pre/non_json.conf", "01-non_json.conf"),
+        ("integration/pre/bad_minikube_cni.conf", "02-bad.conf"),
+        ("unit/bridge.conf", "10-bridge.conf"),
+        ("unit/list.conflist.golden", "10-bridge.conflist"),
+        ("unit/istio-cni.conf", "YYY-istio-cni.conf"),
+    ];
+    let dir = NetDir::new(&files);
+    let before: Vec<String> = files.iter().map(|(_, name)| dir.read(name)).collect();
+    assert_eq!(complete_conversions(dir.root()).unwrap(), []);
+    let after: Vec<String> = files.iter().map(|(_, name)| dir.read(name)).collect();
+    assert_eq!(after, before);
+    assert_eq!(find_primary(dir.root(), None, None).unwrap(), Some(dir.path("10-bridge.conf")));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use installer::crash::{Step, CRASH_AFTER_ENV};
 use istio_contract::{names, ports};
 use serde_json::{json, Value};
 use testbed::install_cni::{InstallCni, Installer};
@@ -213,16 +214,39 @@ fn sigterm_leaves_net_d_as_it_was_and_removes_the_kubeconfig_and_binary() {
     assert!(left.is_empty(), "run dir not empty after cleanup: {left:?}");
 }
 
-#[test]
-fn sigterm_restores_a_converted_single_plugin_conf_byte_for_byte() {
-    let cluster = Cluster::new();
-    let installer = Installer::new(&cluster);
+/// The node's bridge plugin alone as the single-plugin `10-bridge.conf`, which install-cni converts into
+/// [`PRIMARY`]; returns its path and exact text.
+fn single_bridge_conf(cluster: &Cluster, installer: &Installer) -> (PathBuf, String) {
     let mut conf = cluster.node.conflist(vec![])["plugins"][0].clone();
     conf["cniVersion"] = json!("1.0.0");
     conf["name"] = json!(testbed::node::NETWORK_NAME);
     let single = installer.net_d.join("10-bridge.conf");
     let original = format!("{}\n", serde_json::to_string_pretty(&conf).unwrap());
     std::fs::write(&single, &original).unwrap();
+    (single, original)
+}
+
+/// The names of the files in `dir`, sorted.
+fn file_names(dir: &Path) -> Vec<String> {
+    snapshot(dir).into_iter().map(|(name, _)| name).collect()
+}
+
+/// The network a runtime loads from the node's net.d right now (libcni's rules, first file only) and its
+/// plugin types; panics naming `when` and the files there when it does not load.
+#[track_caller]
+fn runtime_loads(installer: &Installer, when: &str) -> (PathBuf, NetworkConfigList, Vec<String>) {
+    let (file, list) = NetworkConfigList::from_conf_dir(&installer.net_d).unwrap_or_else(|e| {
+        panic!("{when}: a runtime cannot load net.d ({e}); files: {:?}", snapshot(&installer.net_d))
+    });
+    let types = list.plugins.iter().map(|p| p["type"].as_str().unwrap_or_default().to_owned()).collect();
+    (file, list, types)
+}
+
+#[test]
+fn sigterm_restores_a_converted_single_plugin_conf_byte_for_byte() {
+    let cluster = Cluster::new();
+    let installer = Installer::new(&cluster);
+    let (single, original) = single_bridge_conf(&cluster, &installer);
 
     let mut run = installed(&installer);
     assert!(!single.exists(), "the .conf was not converted");
@@ -231,6 +255,80 @@ fn sigterm_restores_a_converted_single_plugin_conf_byte_for_byte() {
     assert_eq!(std::fs::read_to_string(&single).ok().as_deref(), Some(original.as_str()), "{}", run.log());
     assert_gone(&installer.net_d.join(PRIMARY));
     assert_gone(&installer.bin_dir.join(names::PLUGIN_TYPE));
+}
+
+/// Issue #15's "Crash" acceptance. For each step of converting `10-bridge.conf` into `10-bridge.conflist`,
+/// install-cni aborts right after it (the debug build's crash hook). At that moment a runtime must load net.d
+/// and bring a pod up with it. After a restart the runtime must load our plugin chained exactly once, with no
+/// stale `.conf` or temp file left, a sidecar pod must get its rules, and SIGTERM must still restore the
+/// original `.conf` byte for byte. Also with `CNI_CONF_NAME` naming the `.conflist`, which the restart then
+/// finds first.
+#[test]
+fn a_crash_at_any_conversion_step_leaves_a_loadable_config_and_a_restart_completes_it() {
+    for conf_name in [None, Some(PRIMARY)] {
+        for step in Step::ALL {
+            crash_then_restart(step, conf_name);
+        }
+    }
+}
+
+fn crash_then_restart(step: Step, conf_name: Option<&str>) {
+    let cluster = Cluster::new();
+    let mut installer = Installer::new(&cluster);
+    installer.env("CNI_CONF_NAME", conf_name.unwrap_or_default());
+    let (single, original) = single_bridge_conf(&cluster, &installer);
+    cluster.create(&sidecar_pod("shop", "during"));
+    cluster.create(&sidecar_pod("shop", "after"));
+
+    installer.env(CRASH_AFTER_ENV, step.name());
+    let mut crashed = installer.start();
+    let status = crashed.wait_exit();
+    let log = crashed.log();
+    let hook = format!("crash hook: aborting after {}", step.name());
+    assert!(status.code().is_none() && log.contains(&hook), "no crash after {step:?} ({status}):\n{log}");
+    let when = format!("CNI_CONF_NAME={conf_name:?}, after a crash at {step:?}");
+    let (_, list, _) = runtime_loads(&installer, &when);
+    let pod = cluster.node.try_add_pod_with(list.raw, "during", "shop");
+    pod.unwrap_or_else(|e| panic!("{when}: ADD with the config a runtime loads failed: {e}"));
+
+    installer.env(CRASH_AFTER_ENV, "");
+    let mut run = installer.start();
+    run.wait_readyz(200);
+    let when = format!("{when} and a restart");
+    let (file, list, types) = runtime_loads(&installer, &when);
+    assert_eq!(file, installer.net_d.join(PRIMARY), "{when}: {}", run.log());
+    assert_eq!(types, ["bridge", names::PLUGIN_TYPE], "{when}: our plugin is not chained exactly once");
+    assert_eq!(file_names(&installer.net_d), [PRIMARY], "{when}: a stale file is left");
+    let pod = cluster.node.try_add_pod_with(list.raw, "after", "shop");
+    let pod = pod.unwrap_or_else(|e| panic!("{when}: ADD with the config a runtime loads failed: {e}"));
+    let rules = pod.netns.exec_ok(&["iptables-nft-save"]);
+    assert!(rules.contains("ISTIO_OUTPUT"), "{when}: no sidecar rules in the pod netns:\n{rules}");
+
+    assert!(run.terminate().success(), "{when}: install-cni failed on SIGTERM:\n{}", run.log());
+    assert_eq!(std::fs::read_to_string(&single).ok().as_deref(), Some(original.as_str()), "{when}: {}", run.log());
+    assert_eq!(file_names(&installer.net_d), ["10-bridge.conf"], "{when}: uninstall left files behind");
+}
+
+/// The old conversion order (Istio's: the list written into `X.conf`, then renamed) crashed before its rename
+/// leaves a list in `10-bridge.conf`, which libcni cannot load. A restarted install-cni finishes the rename and
+/// the runtime loads our plugin chained exactly once.
+#[test]
+fn a_list_shaped_conf_left_by_the_old_order_is_completed_at_start() {
+    let (cluster, installer) = node_with_bridge();
+    let run = installed(&installer);
+    drop(run);
+    let stale = installer.net_d.join("10-bridge.conf");
+    std::fs::rename(installer.net_d.join(PRIMARY), &stale).unwrap();
+    assert!(NetworkConfigList::from_conf_dir(&installer.net_d).is_err(), "a list in a .conf loaded");
+
+    let run = installer.start();
+    run.wait_readyz(200);
+    let (file, list, types) = runtime_loads(&installer, "after the restart");
+    assert_eq!(file, installer.net_d.join(PRIMARY), "{}", run.log());
+    assert_eq!(types, ["bridge", names::PLUGIN_TYPE], "our plugin is not chained exactly once");
+    assert_eq!(file_names(&installer.net_d), [PRIMARY], "the stale .conf is left");
+    cluster.create(&sidecar_pod("shop", "web"));
+    cluster.node.try_add_pod_with(list.raw, "web", "shop").expect("ADD with the completed conflist");
 }
 
 fn assert_gone(path: &Path) {

@@ -39,6 +39,10 @@ pub const AMBIENT_BYPASS_INBOUND_CAPTURE: &str = "ambient.istio.io/bypass-inboun
 pub const BROKEN_POD_LABEL: &str = "cni.istio.io/uninitialized";
 /// The injected sidecar container.
 pub const PROXY_CONTAINER: &str = "istio-proxy";
+/// The [`PROXY_CONTAINER`] field whose uid tells the proxy's own traffic apart (unset or 0: 1337).
+pub const PROXY_RUN_AS_USER: &str = "securityContext.runAsUser";
+/// The [`PROXY_CONTAINER`] field whose gid tells the proxy's own traffic apart (unset or 0: 1337).
+pub const PROXY_RUN_AS_GROUP: &str = "securityContext.runAsGroup";
 /// The init container that programs a sidecar's rules when the CNI plugin is not used.
 pub const INIT_CONTAINER: &str = "istio-init";
 /// The init container that checks, with istio-cni, that the plugin programmed the rules.

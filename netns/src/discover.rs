@@ -151,17 +151,8 @@ fn start_time_of(pid_dir: &Path) -> Option<u64> {
 
 /// Whether the namespace has any of `ips` on one of its interfaces. Failing to enter it counts as no.
 fn holds_any(ns: &Netns, ips: &[IpAddr]) -> bool {
-    let addrs = ns.run(|| {
-        nix::ifaddrs::getifaddrs().map(|list| {
-            list.filter_map(|ifa| {
-                let addr = ifa.address?;
-                addr.as_sockaddr_in()
-                    .map(|a| IpAddr::V4(a.ip()))
-                    .or_else(|| addr.as_sockaddr_in6().map(|a| IpAddr::V6(a.ip())))
-            })
-            .collect::<Vec<_>>()
-        })
-    });
+    // Our own dump rather than getifaddrs(3), whose netlink socket has no receive timeout.
+    let addrs = ns.run(crate::netlink::addresses);
     matches!(addrs, Ok(Ok(addrs)) if addrs.iter().any(|a| ips.contains(a)))
 }
 

@@ -7,9 +7,10 @@
 //! (and the tokio runtime) never change namespace.
 
 pub mod discover;
+pub mod netlink;
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -28,9 +29,26 @@ pub enum NetnsError {
         /// Underlying I/O error.
         source: std::io::Error,
     },
-    /// The path exists but is not a network namespace.
+    /// The path exists but is not a namespace file at all (a regular file, a directory, a FIFO, ...).
     #[error("{0} is not a network namespace")]
     NotNetns(PathBuf),
+    /// The path is a namespace file of another kind: a mount or user namespace, say. Entering one of those in
+    /// place of a pod's netns would be a privilege boundary crossed, so it is refused as early as the path.
+    #[error("{path} is a {kind} namespace, not a network namespace")]
+    OtherNamespace {
+        /// Path (or label) of the namespace.
+        path: PathBuf,
+        /// Its kind as the kernel reports it (`mount`, `user`, `pid`, ...).
+        kind: &'static str,
+    },
+    /// The kernel could not say which kind of namespace the file is (`NS_GET_NSTYPE`, Linux 4.11 and later).
+    #[error("asking the kernel which namespace {path} is: {source}")]
+    Kind {
+        /// Path (or label) of the namespace.
+        path: PathBuf,
+        /// Errno from the kernel.
+        source: nix::Error,
+    },
     /// `setns(2)` failed.
     #[error("enter netns {path}: {source}")]
     Enter {
@@ -61,11 +79,34 @@ pub struct Netns {
 /// NSFS_MAGIC from linux/magic.h: the filesystem type of namespace files.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 
+/// What a namespace file is, by the `CLONE_NEW*` flag `NS_GET_NSTYPE` answers with.
+fn namespace_kind(nstype: libc::c_int) -> &'static str {
+    match nstype {
+        libc::CLONE_NEWNET => "network",
+        libc::CLONE_NEWNS => "mount",
+        libc::CLONE_NEWUSER => "user",
+        libc::CLONE_NEWPID => "pid",
+        libc::CLONE_NEWUTS => "uts",
+        libc::CLONE_NEWIPC => "ipc",
+        libc::CLONE_NEWCGROUP => "cgroup",
+        libc::CLONE_NEWTIME => "time",
+        _ => "unknown",
+    }
+}
+
 impl Netns {
-    /// Opens the namespace at `path` (a bind mount under /var/run/netns or a /proc/<pid>/ns/net link).
+    /// Opens the namespace at `path` (a bind mount under /var/run/netns or a /proc/<pid>/ns/net link) and checks
+    /// that it is a network namespace: a file on nsfs whose `NS_GET_NSTYPE` is `CLONE_NEWNET`, so a regular file,
+    /// a mount namespace or a user namespace is refused before anyone enters it. The open never blocks (a FIFO
+    /// planted at the path is refused, not waited on) and never makes the file a controlling terminal.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, NetnsError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| NetnsError::Open { path: path.clone(), source })?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|source| NetnsError::Open { path: path.clone(), source })?;
         Self::from_file(file, path)
     }
 
@@ -83,6 +124,14 @@ impl Netns {
         let magic = fs.filesystem_type().0 as i64;
         if magic != NSFS_MAGIC {
             return Err(NetnsError::NotNetns(path));
+        }
+        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `file` keeps open.
+        let nstype = unsafe { libc::ioctl(file.as_raw_fd(), libc::NS_GET_NSTYPE) };
+        if nstype < 0 {
+            return Err(NetnsError::Kind { path, source: nix::Error::last() });
+        }
+        if nstype != libc::CLONE_NEWNET {
+            return Err(NetnsError::OtherNamespace { path, kind: namespace_kind(nstype) });
         }
         let meta = file.metadata().map_err(|source| NetnsError::Open { path: path.clone(), source })?;
         Ok(Self { file, path, dev: meta.dev(), ino: meta.ino() })
@@ -262,6 +311,35 @@ mod tests {
         let fd = OwnedFd::from(File::open("/proc/self/status").unwrap());
         let err = Netns::from_fd(fd, "status fd").unwrap_err();
         assert!(matches!(err, NetnsError::NotNetns(ref p) if p == Path::new("status fd")), "{err}");
+    }
+
+    #[test]
+    fn other_kinds_of_namespace_are_refused_by_kind() {
+        for (file, kind) in [("mnt", "mount"), ("user", "user"), ("uts", "uts"), ("ipc", "ipc"), ("pid", "pid")] {
+            let path = format!("/proc/self/ns/{file}");
+            let err = Netns::open(&path).unwrap_err();
+            assert!(matches!(err, NetnsError::OtherNamespace { kind: k, .. } if k == kind), "{path}: {err:?}");
+            assert!(err.to_string().contains(&format!("{kind} namespace")), "{err}");
+        }
+    }
+
+    #[test]
+    fn from_fd_rejects_a_mount_namespace() {
+        let fd = OwnedFd::from(File::open("/proc/self/ns/mnt").unwrap());
+        let err = Netns::from_fd(fd, "mnt fd").unwrap_err();
+        assert!(matches!(err, NetnsError::OtherNamespace { kind: "mount", .. }), "{err}");
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        // A blocking open would wait here for a writer that never comes.
+        for path in [fifo.as_path(), dir.path()] {
+            let err = Netns::open(path).unwrap_err();
+            assert!(matches!(err, NetnsError::NotNetns(_)), "{}: {err}", path.display());
+        }
     }
 
     #[test]

@@ -44,6 +44,11 @@ impl PodCache {
         self.lock().get(uid).cloned()
     }
 
+    /// Every enrolled pod's UID with its name and namespace: what a relist checks against the fresh list.
+    pub fn enrolled(&self) -> Vec<(String, WorkloadInfo)> {
+        self.lock().values().map(|p| (p.uid.clone(), p.info.clone())).collect()
+    }
+
     /// Number of enrolled pods.
     pub fn count(&self) -> usize {
         self.lock().len()

@@ -1,5 +1,23 @@
 //! Enrolling and removing one pod, in the order: netns, in-pod rules, proxy Add (acked), host probe
 //! entry, annotation. Every step is idempotent, so the work queue and the CNI path can both retry.
+//!
+//! **Deletion mid-enrollment.** Enrollment and removal of one pod UID never interleave (see [`crate::pod_gate`]):
+//! each holds the UID's pass for its whole run. A pod's deletion is recorded at once ([`Enroller::mark_deleted`],
+//! from the pod watch) and checked at every [`Stage`], the points between the steps: an enrollment that finds
+//! its pod deleted undoes what it did (cache entry, proxy Del, host probe entry) and fails with
+//! [`EnrollError::Deleted`], which the plugin's ADD reports; an enrollment of a deleted UID is refused before its
+//! first step. The watch's removal, waiting for the pass, then finds nothing left, or removes what an enrollment
+//! failing for another reason kept (its cache entry). So after a deletion at any stage: no cache entry, no ZDS
+//! workload (the proxy got Del or never got Add, and a reconnecting proxy's snapshot lacks it), no probe entry.
+//!
+//! The host probe set changes (netlink, or ipset) run on blocking threads, like the rules; nothing here blocks an
+//! async worker.
+//!
+//! **Test hook (debug builds only).** With `NODE_AGENT_TEST_PAUSE_STAGE=<stage>` (a [`Stage::name`]) and
+//! `NODE_AGENT_TEST_PAUSE_DIR=<dir>`, every enrollment reaching that stage creates `<dir>/<pod uid>.paused` and
+//! waits until `<dir>/<pod uid>.resume` exists (at most a minute), then checks for a deletion as always. The
+//! end-to-end tests (`testbed::node_agent::EnrollmentPause`) delete a pod at each stage this way; they run the
+//! `target/debug` binaries. Release builds (`--release`, the image) compile none of it and ignore both variables.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -25,6 +43,7 @@ use zds::server::ZdsHandle;
 use crate::cache::{Enrolled, PodCache};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::pod_gate::PodGate;
 
 /// Why a pod could not be enrolled or removed; the message goes back to the plugin.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +82,67 @@ pub enum EnrollError {
         /// The API error.
         source: kube::Error,
     },
+    /// The pod's annotations cannot be turned into rules (an injected or over-long interface name, ...): refused
+    /// before any rule, as the sidecar path refuses them with CNI code 7.
+    #[error("pod {pod}: {source}")]
+    Invalid {
+        /// namespace/name.
+        pod: String,
+        /// The annotation at fault and why.
+        source: istio_contract::validate::SettingsError,
+    },
+    /// The pod was deleted before or while it was being enrolled: refused, and whatever was done undone.
+    #[error("pod {pod} (uid {uid}) was deleted: not enrolled (stopped before {stage}, nothing left behind)")]
+    Deleted {
+        /// namespace/name.
+        pod: String,
+        /// The deleted pod's UID.
+        uid: String,
+        /// The stage at which the deletion was noticed.
+        stage: &'static str,
+    },
+}
+
+/// The points between the steps of an enrollment, in order: where a deletion of the pod is noticed (and what
+/// was done rolled back), and where the debug builds' test hook can pause (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The netns is open; nothing is programmed yet.
+    Rules,
+    /// The in-pod rules are programmed; next the cache entry and the proxy's Add.
+    Proxy,
+    /// The proxy acked the Add; next the host probe entry.
+    Probe,
+    /// The host probe entry is in; next the annotation.
+    Annotate,
+    /// Annotated: everything is done, the reply is next.
+    Enrolled,
+}
+
+impl Stage {
+    /// Every stage, in enrollment order: the names the test hook accepts (debug builds only).
+    #[cfg(debug_assertions)]
+    pub const ALL: [Stage; 5] = [Stage::Rules, Stage::Proxy, Stage::Probe, Stage::Annotate, Stage::Enrolled];
+
+    /// The stage's name, as logs, errors and the test hook spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Rules => "rules",
+            Stage::Proxy => "proxy",
+            Stage::Probe => "probe",
+            Stage::Annotate => "annotate",
+            Stage::Enrolled => "enrolled",
+        }
+    }
+}
+
+/// What an enrollment has done so far: what a rollback must undo.
+#[derive(Debug, Default)]
+struct Done {
+    /// The cache entry is in, and the proxy was sent (or is being sent) the Add.
+    proxy: bool,
+    /// The host probe entry was (or may have been, on a failure) added.
+    probe: bool,
 }
 
 /// Performs enrollments; shared by the plugin event server, the pod watcher and startup.
@@ -72,8 +152,11 @@ pub struct Enroller {
     client: Client,
     zds: ZdsHandle,
     cache: PodCache,
-    hostprobe: HostProbe,
+    hostprobe: Arc<HostProbe>,
     metrics: Metrics,
+    gate: PodGate,
+    #[cfg(debug_assertions)]
+    pause: Option<pause::Pause>,
 }
 
 /// What the proxy needs to know about a pod's identity.
@@ -108,7 +191,36 @@ impl Enroller {
         hostprobe: HostProbe,
         metrics: Metrics,
     ) -> Arc<Self> {
-        Arc::new(Self { config, backend, client, zds, cache, hostprobe, metrics })
+        Arc::new(Self {
+            config,
+            backend,
+            client,
+            zds,
+            cache,
+            hostprobe: Arc::new(hostprobe),
+            metrics,
+            gate: PodGate::default(),
+            #[cfg(debug_assertions)]
+            pause: pause::Pause::from_env(),
+        })
+    }
+
+    /// Records that `pod` was deleted, without waiting for anything: an enrollment of it in flight rolls back at
+    /// its next stage, and any later one is refused. Called by the pod watch before it removes the pod.
+    pub fn mark_deleted(&self, pod: &Pod) {
+        if let Some(uid) = pod.metadata.uid.as_deref().filter(|uid| !uid.is_empty()) {
+            self.gate.mark_deleted(uid);
+        }
+    }
+
+    /// Whether pod `namespace/name` still exists with UID `uid` on this node, by a consistent read: a relist
+    /// asks before it removes an enrolled pod it did not list.
+    pub async fn still_exists(&self, namespace: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        let pod = Api::<Pod>::namespaced(self.client.clone(), namespace).get_opt(name).await?;
+        Ok(pod.is_some_and(|p| {
+            p.metadata.uid.as_deref() == Some(uid)
+                && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.config.node_name.as_str())
+        }))
     }
 
     /// The cache of enrolled pods.
@@ -116,57 +228,122 @@ impl Enroller {
         &self.cache
     }
 
-    /// The in-pod rule settings for `pod`: agent defaults overridden by the pod's annotations.
-    pub fn inpod_config(&self, pod: &Pod) -> InpodConfig {
+    /// The in-pod rule settings for `pod`: agent defaults overridden by the pod's annotations. Every value that
+    /// reaches a rule passes the same checks as the sidecar settings (`istio_contract::validate`); an invalid one
+    /// is an error naming its annotation, and the pod gets no rules.
+    pub fn inpod_config(&self, pod: &Pod) -> Result<InpodConfig, istio_contract::validate::SettingsError> {
         let empty = BTreeMap::new();
         let ann = pod.metadata.annotations.as_ref().unwrap_or(&empty);
         let flag = |k: &str| ann.get(k).map(|v| v.trim().eq_ignore_ascii_case("true"));
-        InpodConfig {
+        Ok(InpodConfig {
             dns_capture: flag(AMBIENT_DNS_CAPTURE).unwrap_or(self.config.ambient_dns_capture),
             ingress_mode: flag(AMBIENT_BYPASS_INBOUND_CAPTURE).unwrap_or(false),
-            virtual_interfaces: ann
-                .get(REROUTE_VIRTUAL_INTERFACES)
-                .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
-                .unwrap_or_default(),
+            virtual_interfaces: istio_contract::validate::interfaces(ann, REROUTE_VIRTUAL_INTERFACES)?,
             enable_ipv6: self.config.ambient_ipv6,
             ..InpodConfig::default()
-        }
+        })
     }
 
-    /// Enrolls `pod`, whose netns is `netns`, and answers only when every step is done (or failed).
+    /// Enrolls `pod`, whose netns is `netns`, and answers only when every step is done (or failed). Holds the
+    /// pod's pass throughout, so a removal of it waits; fails with [`EnrollError::Deleted`] (after undoing its
+    /// steps) when the pod was deleted before or during it.
     pub async fn enroll(&self, pod: &Pod, netns: Netns, ips: Vec<IpAddr>) -> Result<(), EnrollError> {
-        let span =
-            tracing::info_span!("enroll", pod = %key(pod), uid = pod.metadata.uid.as_deref().unwrap_or_default());
-        self.enroll_steps(pod, netns, ips).instrument(span).await
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let span = tracing::info_span!("enroll", pod = %key(pod), uid = %uid);
+        async {
+            let _pass = self.gate.enter(&uid).await;
+            self.enroll_steps(pod, netns, ips).await
+        }
+        .instrument(span)
+        .await
     }
 
     async fn enroll_steps(&self, pod: &Pod, netns: Netns, ips: Vec<IpAddr>) -> Result<(), EnrollError> {
         let name = key(pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut done = Done::default();
+        self.checkpoint(Stage::Rules, pod, &ips, &done).await?;
         let started = Instant::now();
         let fd = netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() })?;
         self.program_rules(pod, netns).await?;
         self.metrics.phase("rules", started);
 
+        self.checkpoint(Stage::Proxy, pod, &ips, &done).await?;
         let started = Instant::now();
         let info = workload_info(pod);
         let fd = Arc::new(fd);
         self.cache.insert(Enrolled { uid: uid.clone(), info: info.clone(), ips: ips.clone(), netns: Some(fd.clone()) });
+        done.proxy = true;
         if let Err(source) = self.zds.add(&uid, info, fd.as_ref()).await {
+            // Deleted meanwhile: the deletion wins over the proxy's answer.
+            self.checkpoint(Stage::Probe, pod, &ips, &done).await?;
             self.annotate(pod, "pending").await.ok();
             return Err(EnrollError::Proxy { pod: name, source });
         }
         self.metrics.phase("proxy_ack", started);
 
-        if let Err(e) = self.hostprobe.add(&uid, &ips) {
+        self.checkpoint(Stage::Probe, pod, &ips, &done).await?;
+        done.probe = true;
+        if let Err(e) = self.probe_add(&uid, &ips).await {
             tracing::error!(error = %e, "host probe set");
         }
+        self.checkpoint(Stage::Annotate, pod, &ips, &done).await?;
         let started = Instant::now();
-        self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await?;
+        if let Err(e) = self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await {
+            // A deleted pod cannot be annotated: that is the deletion, not an API failure.
+            self.checkpoint(Stage::Enrolled, pod, &ips, &done).await?;
+            return Err(e);
+        }
         self.metrics.phase("annotate", started);
+        self.checkpoint(Stage::Enrolled, pod, &ips, &done).await?;
         self.metrics.enrolled_pods.set(self.cache.count() as i64);
         tracing::info!(?ips, "enrolled");
         Ok(())
+    }
+
+    /// Between two steps: pauses here if the test hook says so (debug builds), then, if the pod was deleted
+    /// meanwhile, undoes what was `done` and fails with [`EnrollError::Deleted`].
+    async fn checkpoint(&self, stage: Stage, pod: &Pod, ips: &[IpAddr], done: &Done) -> Result<(), EnrollError> {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        #[cfg(debug_assertions)]
+        if let Some(pause) = &self.pause {
+            pause.at(stage, uid).await;
+        }
+        if !self.gate.is_deleted(uid) {
+            return Ok(());
+        }
+        if done.proxy {
+            // Out of the cache first, so a proxy connecting now gets a snapshot without it.
+            self.cache.remove(uid);
+            self.metrics.enrolled_pods.set(self.cache.count() as i64);
+            if let Err(e) = self.zds.del(uid).await {
+                tracing::warn!(error = %e, "proxy Del of the deleted pod");
+            }
+        }
+        if done.probe {
+            if let Err(e) = self.probe_remove(uid, ips).await {
+                tracing::error!(error = %e, "host probe set");
+            }
+        }
+        tracing::info!(stage = stage.name(), "pod deleted during its enrollment: refused and rolled back");
+        Err(EnrollError::Deleted { pod: key(pod), uid: uid.to_string(), stage: stage.name() })
+    }
+
+    /// Adds pod `uid`'s `ips` to the host probe set, on a blocking thread (it enters the host netns and talks
+    /// netlink).
+    async fn probe_add(&self, uid: &str, ips: &[IpAddr]) -> Result<(), String> {
+        let (probe, uid, ips) = (self.hostprobe.clone(), uid.to_string(), ips.to_vec());
+        tokio::task::spawn_blocking(move || probe.add(&uid, &ips).map_err(|e| e.to_string()))
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    /// Removes pod `uid`'s entries for `ips` from the host probe set, on a blocking thread.
+    async fn probe_remove(&self, uid: &str, ips: &[IpAddr]) -> Result<(), String> {
+        let (probe, uid, ips) = (self.hostprobe.clone(), uid.to_string(), ips.to_vec());
+        tokio::task::spawn_blocking(move || probe.remove(&uid, &ips).map_err(|e| e.to_string()))
+            .await
+            .map_err(|e| e.to_string())?
     }
 
     /// Puts a pod enrolled before a restart back into the cache, so the next proxy connection gets it in its
@@ -180,6 +357,11 @@ impl Enroller {
         reprogram: bool,
     ) -> Result<(), EnrollError> {
         let name = key(pod);
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let _pass = self.gate.enter(&uid).await;
+        if self.gate.is_deleted(&uid) {
+            return Err(EnrollError::Deleted { pod: name, uid, stage: Stage::Rules.name() });
+        }
         let mut fd = None;
         if let Some(netns) = netns {
             fd = Some(Arc::new(
@@ -189,8 +371,7 @@ impl Enroller {
                 self.program_rules(pod, netns).await?;
             }
         }
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        if let Err(e) = self.hostprobe.add(&uid, &ips) {
+        if let Err(e) = self.probe_add(&uid, &ips).await {
             tracing::error!(pod = %name, error = %e, "host probe set");
         }
         self.cache.insert(Enrolled { uid, info: workload_info(pod), ips, netns: fd });
@@ -199,9 +380,11 @@ impl Enroller {
     }
 
     /// Programs the pod's in-pod rules on a blocking thread (the apply enters the netns and may exec iptables).
+    /// An invalid annotation is refused before anything is programmed; the reason names it.
     async fn program_rules(&self, pod: &Pod, netns: Netns) -> Result<(), EnrollError> {
-        let (backend, plan) = (self.backend, ambient::build(&self.inpod_config(pod)));
         let failed = |reason: String| EnrollError::Rules { pod: key(pod), reason };
+        let config = self.inpod_config(pod).map_err(|source| EnrollError::Invalid { pod: key(pod), source })?;
+        let (backend, plan) = (self.backend, ambient::build(&config));
         tokio::task::spawn_blocking(move || backend.apply_ambient(&netns, &plan))
             .await
             .map_err(|e| failed(e.to_string()))?
@@ -209,12 +392,14 @@ impl Enroller {
     }
 
     /// Removes a pod: host probe entries, cache, in-pod rules (unless the pod is going away with its netns),
-    /// proxy Del to every connection, and the annotation (unless deleted).
+    /// proxy Del to every connection, and the annotation (unless deleted). Waits for an enrollment of the pod in
+    /// flight to end first, then removes what it left.
     pub async fn remove(&self, pod: &Pod, deleting: bool) -> Result<(), EnrollError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let name = key(pod);
+        let _pass = self.gate.enter(&uid).await;
         let Some(entry) = self.cache.remove(&uid) else { return Ok(()) };
-        if let Err(e) = self.hostprobe.remove(&uid, &entry.ips) {
+        if let Err(e) = self.probe_remove(&uid, &entry.ips).await {
             tracing::error!(pod = %name, error = %e, "host probe set");
         }
         if !deleting {
@@ -263,5 +448,78 @@ impl Enroller {
         .await
         .map(drop)
         .map_err(|source| EnrollError::Api { pod: key(pod), what: "annotate", source })
+    }
+}
+
+/// The test hook that pauses enrollments at one [`Stage`] (see the module doc). Debug builds only.
+#[cfg(debug_assertions)]
+mod pause {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::Stage;
+
+    /// Names the stage to pause at ([`Stage::name`]).
+    const STAGE_ENV: &str = "NODE_AGENT_TEST_PAUSE_STAGE";
+    /// The directory of the `<uid>.paused` and `<uid>.resume` files.
+    const DIR_ENV: &str = "NODE_AGENT_TEST_PAUSE_DIR";
+    /// Longest pause: a test that never resumes does not hold the pod forever.
+    const LONGEST: Duration = Duration::from_secs(60);
+    /// How often the resume file is looked for.
+    const POLL: Duration = Duration::from_millis(10);
+
+    /// Where to pause, from the environment.
+    #[derive(Debug)]
+    pub(super) struct Pause {
+        stage: Stage,
+        dir: PathBuf,
+    }
+
+    impl Pause {
+        /// The hook, when both variables are set and the stage is known.
+        pub(super) fn from_env() -> Option<Self> {
+            let (stage, dir) = (std::env::var(STAGE_ENV).ok()?, std::env::var_os(DIR_ENV)?);
+            let Some(stage) = Stage::ALL.into_iter().find(|s| s.name() == stage) else {
+                let known: Vec<&str> = Stage::ALL.iter().map(|s| s.name()).collect();
+                tracing::error!(stage, ?known, "{STAGE_ENV} names no enrollment stage: test hook off");
+                return None;
+            };
+            tracing::warn!(stage = stage.name(), dir = ?dir, "test hook on: enrollments pause at this stage");
+            Some(Self { stage, dir: dir.into() })
+        }
+
+        /// At `stage` of pod `uid`: announces the pause and waits for the test to resume it.
+        pub(super) async fn at(&self, stage: Stage, uid: &str) {
+            if stage != self.stage {
+                return;
+            }
+            let (paused, resume) = (self.dir.join(format!("{uid}.paused")), self.dir.join(format!("{uid}.resume")));
+            if let Err(e) = tokio::fs::write(&paused, stage.name()).await {
+                tracing::error!(error = %e, path = %paused.display(), "test hook: cannot announce the pause");
+                return;
+            }
+            tracing::info!(stage = stage.name(), resume = %resume.display(), "test hook: enrollment paused");
+            let deadline = tokio::time::Instant::now() + LONGEST;
+            while !tokio::fs::try_exists(&resume).await.unwrap_or(false) {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(stage = stage.name(), "test hook: not resumed within {LONGEST:?}; going on");
+                    return;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use testbed::node_agent::EnrollmentPause;
+
+        #[test]
+        fn the_testbed_arms_the_hook_with_the_agents_names() {
+            let stages: Vec<&str> = Stage::ALL.iter().map(|s| s.name()).collect();
+            assert_eq!(stages, EnrollmentPause::STAGES);
+            assert_eq!((STAGE_ENV, DIR_ENV), (EnrollmentPause::STAGE_ENV, EnrollmentPause::DIR_ENV));
+        }
     }
 }

@@ -1,29 +1,211 @@
 //! The plugin's side door: `POST /cmdadd` on `<run dir>/pluginevent.sock`, served by the daemon's HTTP server. The
 //! reply comes only after the pod is fully enrolled, so the plugin's ADD (and so the pod's start) waits for it.
+//!
+//! The socket is mode 0666 (the plugin runs as the runtime's user), so nothing in an event is taken on faith.
+//! Before anything is programmed the agent checks, in this order, that the peer is root (`SO_PEERCRED`, from the
+//! kernel, not from the request); that the event is well formed; that `Netns` is a network namespace
+//! (`NS_GET_NSTYPE`, so a mount or user namespace, a regular file or a FIFO is refused); that it is neither the
+//! host's (`HOST_NETNS`) nor the agent's own (compared by device and inode); that the pod is scheduled on this node;
+//! and that its UID is the one the plugin read from `CNI_ARGS`, when the event carries one (Istio's plugin sends
+//! none, and such an event is accepted without that check). A refusal is a 4xx whose body says why (the plugin
+//! puts it into its CNI error), counted in `istio_cni_plugin_requests_total{response_code}` and logged at most once
+//! per reason and [`daemon::throttle::LOG_INTERVAL`], since a peer can repeat it at will.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use cni::plugin_event::{CmdAdd, CMDADD_PATH};
+use anyhow::Context as _;
+use cni::plugin_event::{CmdAdd, CMDADD_PATH, INVALID_POD_STATUS};
 use daemon::drain::DrainWatcher;
 use daemon::http::{self, reply, Body, TEXT};
+use daemon::listener::PeerCredentials;
+use daemon::throttle::Throttle;
 use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};
 use istio_contract::paths::PLUGIN_EVENT_SOCKET;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use netns::Netns;
+use netns::{Netns, NetnsError};
 
-use crate::enroll::Enroller;
+use crate::config::Config;
+use crate::enroll::{EnrollError, Enroller};
 use crate::metrics::{Metrics, ResponseCode};
 use crate::plugin_socket;
 
 /// Largest event body accepted.
 const MAX_BODY: usize = 64 * 1024;
+/// The only uid allowed to post events: the container runtime runs CNI plugins as root.
+const ROOT: u32 = 0;
 
 /// Binds `<run dir>/pluginevent.sock`.
 pub fn bind(run_dir: &Path) -> anyhow::Result<(tokio::net::UnixListener, PathBuf)> {
     plugin_socket::bind(run_dir, PLUGIN_EVENT_SOCKET)
+}
+
+/// What an event is checked against besides its peer: this node's name, and the network namespaces that belong to
+/// the node rather than to a pod. Found once at startup; these namespaces live as long as the node (or the agent).
+#[derive(Debug, Clone)]
+pub struct EventChecks {
+    node_name: String,
+    node_netns: Vec<NodeNetns>,
+}
+
+/// A network namespace of the node, which no event may name, and what it is (for the refusal).
+#[derive(Debug, Clone)]
+struct NodeNetns {
+    id: (u64, u64),
+    what: &'static str,
+}
+
+impl EventChecks {
+    /// Records `NODE_NAME` and the node's own network namespaces: `host`, the one the host probe rules go to
+    /// (`HOST_NETNS`, which the chart sets to the host's `/host/proc/1/ns/net`, or the agent's own when it runs
+    /// with hostNetwork), and the agent's own.
+    pub fn new(config: &Config, host: &Netns) -> anyhow::Result<Self> {
+        let own = Netns::current().context("opening the agent's own netns")?;
+        let node_netns = vec![
+            NodeNetns { id: host.id(), what: "the host's" },
+            NodeNetns { id: own.id(), what: "the node agent's own" },
+        ];
+        Ok(Self { node_name: config.node_name.clone(), node_netns })
+    }
+
+    /// Opens the event's `Netns` and checks that it is a pod's: a network namespace, and none of the node's.
+    fn open_netns(&self, path: &str) -> Result<Netns, EventError> {
+        let netns = Netns::open(path).map_err(|e| match e {
+            NetnsError::NotNetns(_) | NetnsError::OtherNamespace { .. } => EventError::Refused(Refusal::NotNetns(e)),
+            // Gone (the sandbox died before we got here) or unreadable: not the peer's fault, and worth a retry.
+            e => EventError::Failed(format!("open netns: {e}")),
+        })?;
+        match self.node_netns.iter().find(|n| n.id == netns.id()) {
+            Some(node) => Err(EventError::Refused(Refusal::NodeNetns { path: path.to_owned(), what: node.what })),
+            None => Ok(netns),
+        }
+    }
+
+    /// Checks that `pod` is the event's: scheduled on this node, and with the event's UID when it names one.
+    fn check_pod(&self, pod: &Pod, event: &CmdAdd) -> Result<(), Refusal> {
+        let name = format!("{}/{}", event.pod_namespace, event.pod_name);
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        if node.as_deref() != Some(self.node_name.as_str()) {
+            return Err(Refusal::OtherNode { pod: name, node, this: self.node_name.clone() });
+        }
+        if let Some(claimed) = &event.pod_uid {
+            let actual = pod.metadata.uid.clone().unwrap_or_default();
+            if *claimed != actual {
+                return Err(Refusal::UidMismatch { pod: name, claimed: claimed.clone(), actual });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why an event is refused: the peer's fault, so a 4xx whose body (this message) the plugin puts into its CNI error.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    /// The connection carries no peer credentials (the kernel would not say who connected).
+    #[error("refused: the peer's credentials are unknown")]
+    NoPeer,
+    /// The peer is not root.
+    #[error(
+        "refused: the peer runs as uid {0}; only root (the container runtime running the CNI plugin) may post events"
+    )]
+    NotRoot(u32),
+    /// Anything but `POST /cmdadd`.
+    #[error("refused: only POST {CMDADD_PATH} is served here")]
+    NotServed,
+    /// The body is not a bounded `CmdAdd`.
+    #[error("refused: {0}")]
+    Malformed(String),
+    /// `Netns` is not a network namespace.
+    #[error("refused: Netns: {0}")]
+    NotNetns(NetnsError),
+    /// `Netns` is one of the node's own network namespaces.
+    #[error("refused: Netns {path} is {what} network namespace, not a pod's")]
+    NodeNetns {
+        /// The event's `Netns`.
+        path: String,
+        /// Which of the node's namespaces it is.
+        what: &'static str,
+    },
+    /// The pod is scheduled on another node, or on none yet.
+    #[error("refused: pod {pod} is scheduled on node {node:?}, not on this node ({this})")]
+    OtherNode {
+        /// namespace/name.
+        pod: String,
+        /// Its `spec.nodeName`.
+        node: Option<String>,
+        /// This agent's `NODE_NAME`.
+        this: String,
+    },
+    /// The pod's UID is not the one the plugin got from the runtime.
+    #[error("refused: pod {pod} has UID {actual:?}, the event names UID {claimed:?}")]
+    UidMismatch {
+        /// namespace/name.
+        pod: String,
+        /// The event's `PodUID`.
+        claimed: String,
+        /// The API server's.
+        actual: String,
+    },
+}
+
+impl Refusal {
+    fn status(&self) -> StatusCode {
+        match self {
+            Refusal::NotServed => StatusCode::NOT_FOUND,
+            Refusal::Malformed(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::FORBIDDEN,
+        }
+    }
+
+    /// The refusal's kind in logs, and the key its log line is throttled by.
+    fn kind(&self) -> &'static str {
+        match self {
+            Refusal::NoPeer => "no_peer_credentials",
+            Refusal::NotRoot(_) => "peer_not_root",
+            Refusal::NotServed => "not_served",
+            Refusal::Malformed(_) => "malformed",
+            Refusal::NotNetns(_) => "not_a_netns",
+            Refusal::NodeNetns { .. } => "node_netns",
+            Refusal::OtherNode { .. } => "other_node",
+            Refusal::UidMismatch { .. } => "uid_mismatch",
+        }
+    }
+}
+
+/// How an event can end other than enrolled.
+#[derive(Debug)]
+enum EventError {
+    /// Refused before anything was programmed (4xx).
+    Refused(Refusal),
+    /// Could not be enrolled (500): the API server, a vanished netns.
+    Failed(String),
+    /// The enrollment itself failed or was refused; [`enroll_status`] picks the status.
+    Enroll(EnrollError),
+}
+
+/// The status of a failed enrollment: 422 for annotations that cannot become rules (the plugin fails ADD with
+/// CNI code 7, as on the sidecar path), 410 for a pod deleted meanwhile, 500 for the rest (the plugin's code 11:
+/// try again).
+fn enroll_status(e: &EnrollError) -> StatusCode {
+    const _: () = assert!(StatusCode::UNPROCESSABLE_ENTITY.as_u16() == INVALID_POD_STATUS, "the plugin's contract");
+    match e {
+        EnrollError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        EnrollError::Deleted { .. } => StatusCode::GONE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Everything a request needs, shared by every connection.
+struct EventServer {
+    enroller: Arc<Enroller>,
+    client: kube::Client,
+    metrics: Metrics,
+    checks: EventChecks,
+    /// One log throttle per refusal kind (a closed set).
+    refusals: Mutex<HashMap<&'static str, Throttle>>,
 }
 
 /// Serves plugin events until the drain starts; on a graceful drain, an enrollment in progress finishes and is
@@ -33,11 +215,13 @@ pub async fn serve(
     enroller: Arc<Enroller>,
     client: kube::Client,
     metrics: Metrics,
+    checks: EventChecks,
     drain: DrainWatcher,
 ) {
+    let server = Arc::new(EventServer { enroller, client, metrics, checks, refusals: Mutex::default() });
     let routes = move |req| {
-        let (enroller, client, metrics) = (enroller.clone(), client.clone(), metrics.clone());
-        async move { handle(req, &enroller, &client, &metrics).await }
+        let server = server.clone();
+        async move { server.handle(req).await }
     };
     http::Server::new("plugin events")
         .max_connections(plugin_socket::MAX_CONNECTIONS)
@@ -45,38 +229,67 @@ pub async fn serve(
         .await;
 }
 
-async fn handle(
-    req: Request<hyper::body::Incoming>,
-    enroller: &Enroller,
-    client: &kube::Client,
-    metrics: &Metrics,
-) -> Response<Body> {
-    let (status, body) = if req.method() != Method::POST || req.uri().path() != CMDADD_PATH {
-        (StatusCode::NOT_FOUND, format!("only POST {CMDADD_PATH} is served here"))
-    } else {
-        match read_event(req).await {
-            Err(e) => (StatusCode::BAD_REQUEST, e),
-            Ok(event) => match add(&event, enroller, client).await {
-                Ok(()) => (StatusCode::OK, String::new()),
-                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e),
-            },
+impl EventServer {
+    async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let peer = req.extensions().get::<PeerCredentials>().copied();
+        let (status, body) = match self.answer(req, peer).await {
+            Ok(()) => (StatusCode::OK, String::new()),
+            Err(EventError::Failed(reason)) => (StatusCode::INTERNAL_SERVER_ERROR, reason),
+            Err(EventError::Enroll(e)) => (enroll_status(&e), e.to_string()),
+            Err(EventError::Refused(refusal)) => {
+                self.log_refusal(&refusal, peer);
+                (refusal.status(), refusal.to_string())
+            }
+        };
+        self.metrics.plugin_requests.get_or_create(&ResponseCode { response_code: status.as_u16().to_string() }).inc();
+        reply(status, TEXT, body)
+    }
+
+    /// Checks who asks and what, then enrolls; the body is read only for a root peer.
+    async fn answer(
+        &self,
+        req: Request<hyper::body::Incoming>,
+        peer: Option<PeerCredentials>,
+    ) -> Result<(), EventError> {
+        match peer {
+            None => return Err(EventError::Refused(Refusal::NoPeer)),
+            Some(peer) if peer.uid != ROOT => return Err(EventError::Refused(Refusal::NotRoot(peer.uid))),
+            Some(_) => {}
         }
-    };
-    metrics.plugin_requests.get_or_create(&ResponseCode { response_code: status.as_u16().to_string() }).inc();
-    reply(status, TEXT, body)
+        if req.method() != Method::POST || req.uri().path() != CMDADD_PATH {
+            return Err(EventError::Refused(Refusal::NotServed));
+        }
+        let event = read_event(req).await.map_err(|e| EventError::Refused(Refusal::Malformed(e)))?;
+        let checks = self.checks.clone();
+        let path = event.netns.clone();
+        // Opening a path and asking the kernel about it may block (a slow filesystem): not on an async worker.
+        let netns = tokio::task::spawn_blocking(move || checks.open_netns(&path))
+            .await
+            .map_err(|e| EventError::Failed(format!("open netns: {e}")))??;
+        let pod = Api::<Pod>::namespaced(self.client.clone(), &event.pod_namespace)
+            .get(&event.pod_name)
+            .await
+            .map_err(|e| EventError::Failed(format!("get pod {}/{}: {e}", event.pod_namespace, event.pod_name)))?;
+        self.checks.check_pod(&pod, &event).map_err(EventError::Refused)?;
+        self.enroller.enroll(&pod, netns, event.addresses()).await.map_err(EventError::Enroll)
+    }
+
+    fn log_refusal(&self, refusal: &Refusal, peer: Option<PeerCredentials>) {
+        let mut throttles = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(suppressed) = throttles.entry(refusal.kind()).or_default().hit() {
+            tracing::warn!(
+                kind = refusal.kind(),
+                peer_uid = peer.map(|p| p.uid),
+                peer_pid = peer.and_then(|p| p.pid),
+                suppressed_since_last = suppressed,
+                "plugin event {refusal}"
+            );
+        }
+    }
 }
 
 async fn read_event(req: Request<hyper::body::Incoming>) -> Result<CmdAdd, String> {
     let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
     let bytes = limited.collect().await.map_err(|e| format!("reading event: {e}"))?.to_bytes();
     serde_json::from_slice(&bytes).map_err(|e| format!("invalid event: {e}"))
-}
-
-async fn add(event: &CmdAdd, enroller: &Enroller, client: &kube::Client) -> Result<(), String> {
-    let pod = Api::<Pod>::namespaced(client.clone(), &event.pod_namespace)
-        .get(&event.pod_name)
-        .await
-        .map_err(|e| format!("get pod {}/{}: {e}", event.pod_namespace, event.pod_name))?;
-    let netns = Netns::open(&event.netns).map_err(|e| format!("open netns: {e}"))?;
-    enroller.enroll(&pod, netns, event.addresses()).await.map_err(|e| e.to_string())
 }

@@ -9,6 +9,7 @@ mod metrics;
 mod node_pods;
 mod plugin_logs;
 mod plugin_socket;
+mod pod_gate;
 mod repair;
 mod watch;
 
@@ -39,9 +40,16 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.context("Kubernetes client")?;
     // Ambient pods and in-place repairs of sidecar pods get their rules from the same backend.
     let backend = if config.ambient_enabled || repair::repairs_in_place(&config.repair) {
-        let backend = Backend::select(config.native_nftables, config.force_iptables_binary.as_deref())?;
-        tracing::info!(%backend, "in-pod rules backend");
-        redirect::backend::warn_if_mixed(backend);
+        // Detection runs the iptables binaries and lists tables: blocking work, off the async workers.
+        let (native, force) = (config.native_nftables, config.force_iptables_binary.clone());
+        let backend = tokio::task::spawn_blocking(move || {
+            let backend = Backend::select(native, force.as_deref())?;
+            tracing::info!(%backend, "in-pod rules backend");
+            redirect::backend::warn_if_mixed(backend);
+            anyhow::Ok(backend)
+        })
+        .await
+        .context("rule backend selection task")??;
         Some(backend)
     } else {
         None
@@ -62,16 +70,27 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         tracing::info!(signal = ?sig, "shutting down");
         return Ok(());
     };
-    let probe_config = HostProbeConfig {
-        enable_ipv6: config.ambient_ipv6,
-        kubelet_uid: find_kubelet_uid(&config.host_proc).unwrap_or(0),
-        ..HostProbeConfig::default()
-    };
+    let mut probe_config = HostProbeConfig { enable_ipv6: config.ambient_ipv6, ..HostProbeConfig::default() };
+    if matches!(backend, Backend::Nftables) {
+        // Istio's nftables rule SNATs only the kubelet's sockets (`meta skuid`): without the kubelet's uid there is
+        // no rule to program, and guessing one (root) would SNAT the wrong sockets and fail the real probes.
+        let proc = config.host_proc.clone();
+        let uid = tokio::task::spawn_blocking(move || find_kubelet_uid(&proc))
+            .await
+            .context("kubelet lookup task")?
+            .context("NATIVE_NFTABLES: the host probe rule matches the kubelet's uid, which was not found")?;
+        tracing::info!(uid, "host probe rule matches the kubelet's uid");
+        probe_config.kubelet_uid = uid;
+    }
     let host_netns = match &config.host_netns {
         Some(path) => netns::Netns::open(path).with_context(|| format!("HOST_NETNS {}", path.display()))?,
         None => netns::Netns::current()?,
     };
-    let hostprobe = HostProbe::ensure(host_netns, backend, probe_config).context("host probe SNAT rules")?;
+    let event_checks = event_server::EventChecks::new(&config, &host_netns).context("plugin event checks")?;
+    let hostprobe = tokio::task::spawn_blocking(move || HostProbe::ensure(host_netns, backend, probe_config))
+        .await
+        .context("host probe task")?
+        .context("host probe SNAT rules")?;
     let zds = ZdsServer::bind(&config.ztunnel_uds_address, ServerConfig::default())
         .await
         .with_context(|| format!("ZDS socket {}", config.ztunnel_uds_address.display()))?;
@@ -102,7 +121,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let logs = plugin_logs::bind(&config.cni_agent_run_dir).context("plugin log socket")?;
     tokio::spawn(plugin_logs::serve(logs, drain.clone()));
     tracing::info!(socket = %socket.display(), "serving plugin events");
-    tokio::spawn(event_server::serve(listener, enroller, client, metrics.clone(), drain.clone()));
+    tokio::spawn(event_server::serve(listener, enroller, client, metrics.clone(), event_checks, drain.clone()));
     drop(drain);
     startup.clear();
 

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub enrollment_seconds: Family<Phase, Histogram>,
     /// Broken pods the repair controller acted on, by action.
     pub pods_repaired: Family<RepairType, Counter>,
+    /// Scans of `/proc` for running pods' netns; one per namespace label change, however many pods it enrolls.
+    pub proc_scans: Counter,
 }
 
 impl Metrics {
@@ -62,6 +64,7 @@ impl Metrics {
             enrolled_pods: Gauge::default(),
             enrollment_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14))),
             pods_repaired: Family::default(),
+            proc_scans: Counter::default(),
         };
         registry.register(
             "istio_cni_plugin_requests",
@@ -75,6 +78,11 @@ impl Metrics {
             "nodeagent_enrollment_duration_seconds",
             "Time spent per enrollment phase (netns, rules, proxy_ack, annotate)",
             m.enrollment_seconds.clone(),
+        );
+        registry.register(
+            "nodeagent_proc_scans",
+            "Scans of /proc for the netns of running pods (one per namespace label change or startup)",
+            m.proc_scans.clone(),
         );
         // The registry adds no prefix and the counter adds `_total`: exposed as istio_cni_repair_pods_repaired_total.
         registry.register(

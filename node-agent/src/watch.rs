@@ -1,8 +1,12 @@
 //! Keeps enrollment in step with the API: the events of this node's shared pod watch ([`crate::node_pods`]) and
 //! a watch of all namespaces each re-decide the affected pods. Running pods are found through `/proc` (the CNI
-//! path handles new ones).
+//! path handles new ones): a namespace label change, or the startup, finds the netns of every pod it enrolls in
+//! one scan, whatever their number (scans are counted in `nodeagent_proc_scans_total`); the scans run on
+//! blocking threads. A deleted pod is marked deleted at once, so an enrollment of it in flight (from the plugin)
+//! rolls back, and is removed in a task of its own, which waits for that enrollment to end without holding up
+//! the watch (see [`crate::enroll`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +28,9 @@ use istio_contract::enablement::{should_enroll, PodFacts, Selectors};
 
 /// Longest pause before a failed pod is retried.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Why a running pod could not be enrolled: no process of it (by UID in its cgroup) in a netns holding its IPs.
+const NOT_FOUND: &str = "netns not found through /proc";
 
 enum Change {
     Pod(PodEvent),
@@ -63,6 +70,7 @@ pub async fn run(
         namespaces: HashMap::new(),
         backoff: HashMap::new(),
         retry_tx,
+        relist: None,
     };
     let mut synced = Some(synced);
     let (mut pods_synced, mut ns_synced) = (false, false);
@@ -76,10 +84,17 @@ pub async fn run(
         };
         match change {
             Change::Pod(event) => match &*event {
-                Event::InitDone => pods_synced = true,
-                Event::Init => {}
-                Event::Apply(p) | Event::InitApply(p) => state.pod_changed(p, synced.is_none()).await,
-                Event::Delete(p) => state.pod_deleted(p).await,
+                Event::InitDone => {
+                    pods_synced = true;
+                    state.relist_done();
+                }
+                Event::Init => state.relist_started(synced.is_none()),
+                Event::InitApply(p) => {
+                    state.relisted(p);
+                    state.pod_changed(p, synced.is_none()).await
+                }
+                Event::Apply(p) => state.pod_changed(p, synced.is_none()).await,
+                Event::Delete(p) => state.pod_deleted(p),
             },
             Change::Namespace(event) => match *event {
                 Event::InitDone => ns_synced = true,
@@ -116,6 +131,8 @@ struct State {
     namespaces: HashMap<String, BTreeMap<String, String>>,
     backoff: HashMap<String, Duration>,
     retry_tx: tokio::sync::mpsc::UnboundedSender<String>,
+    /// The UIDs a relist of the live watch has listed so far (after a 410 or a dropped watch); `None` outside one.
+    relist: Option<HashSet<String>>,
 }
 
 fn uid(pod: &Pod) -> String {
@@ -170,11 +187,69 @@ impl State {
         }
     }
 
-    async fn pod_deleted(&mut self, pod: &Pod) {
+    /// A pod deleted: marked first (an enrollment of it in flight rolls back, later ones are refused), then
+    /// counted, then removed in a task that waits for such an enrollment to end, while the watch goes on.
+    fn pod_deleted(&mut self, pod: &Pod) {
+        self.enroller.mark_deleted(pod);
         self.count("delete");
         self.backoff.remove(&uid(pod));
-        if let Err(e) = self.enroller.remove(pod, true).await {
-            tracing::warn!(error = %e, "removing deleted pod");
+        let (enroller, pod) = (self.enroller.clone(), pod.clone());
+        tokio::spawn(async move {
+            if let Err(e) = enroller.remove(&pod, true).await {
+                tracing::warn!(pod = %uid(&pod), error = %e, "removing deleted pod");
+            }
+        });
+    }
+
+    /// The watch starts listing again. The first list is the startup's; a later one (the watch expired with 410,
+    /// or broke and resumed too late) delivers no Delete for the pods deleted while it was down, so the listed
+    /// UIDs are collected and compared with the enrolled ones when the list is complete.
+    fn relist_started(&mut self, live: bool) {
+        self.relist = live.then(HashSet::new);
+    }
+
+    /// A pod of the relist.
+    fn relisted(&mut self, pod: &Pod) {
+        if let Some(seen) = self.relist.as_mut() {
+            seen.insert(uid(pod));
+        }
+    }
+
+    /// The relist is complete: every enrolled pod it did not list is checked with the API and, when gone (or
+    /// replaced by a pod of another UID), removed as a deleted pod. The check is a consistent read, so a pod
+    /// enrolled while the list (possibly served from a cache) was being taken is not mistaken for a deleted one.
+    fn relist_done(&mut self) {
+        let Some(seen) = self.relist.take() else { return };
+        for (id, info) in self.enroller.cache().enrolled() {
+            if seen.contains(&id) {
+                continue;
+            }
+            let (enroller, metrics) = (self.enroller.clone(), self.metrics.clone());
+            tokio::spawn(async move {
+                match enroller.still_exists(&info.namespace, &info.name, &id).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::info!(pod = %format!("{}/{}", info.namespace, info.name), uid = %id,
+                            "enrolled pod missing from the relist and gone from the API: removing it");
+                        metrics.reconcile_events.get_or_create(&EventType { r#type: "delete".into() }).inc();
+                        let pod = Pod {
+                            metadata: kube::api::ObjectMeta {
+                                name: Some(info.name.clone()),
+                                namespace: Some(info.namespace.clone()),
+                                uid: Some(id.clone()),
+                                ..Default::default()
+                            },
+                            ..Default::default()
+                        };
+                        enroller.mark_deleted(&pod);
+                        if let Err(e) = enroller.remove(&pod, true).await {
+                            tracing::warn!(uid = %id, error = %e, "removing a pod deleted during a relist");
+                        }
+                    }
+                    Err(e) => tracing::warn!(uid = %id, error = %e,
+                        "checking an enrolled pod missing from the relist (kept; the next relist checks again)"),
+                }
+            });
         }
     }
 
@@ -185,9 +260,23 @@ impl State {
         let changed = self.namespaces.insert(name.clone(), labels.clone()).is_none_or(|old| old != labels);
         if live && changed {
             let affected = self.pods.state_filter(|p| p.metadata.namespace.as_deref() == Some(name.as_str()));
-            for pod in affected {
-                self.reconcile(&pod).await;
-            }
+            self.reconcile_all(affected).await;
+        }
+    }
+
+    /// Whether reconciling `pod` would enroll it through `/proc`: wanted, not enrolled, with IPs to match.
+    fn needs_netns(&self, pod: &Pod) -> bool {
+        self.wanted(pod) && self.enroller.cache().get(&uid(pod)).is_none() && !pod_ips(pod).is_empty()
+    }
+
+    /// Reconciles every pod of `pods`, finding the netns of those it enrolls in one `/proc` scan.
+    async fn reconcile_all(&mut self, pods: Vec<Arc<Pod>>) {
+        let to_enroll: Vec<Arc<Pod>> = pods.iter().filter(|p| self.needs_netns(p)).cloned().collect();
+        let mut found = self.find_all_netns(&to_enroll).await;
+        for pod in pods {
+            let id = uid(&pod);
+            let scanned = to_enroll.iter().any(|p| uid(p) == id).then(|| found.remove(&id));
+            self.reconcile_with(&pod, scanned).await;
         }
     }
 
@@ -200,11 +289,17 @@ impl State {
 
     /// Enrolls or removes one pod so that the cache matches the decision.
     async fn reconcile(&mut self, pod: &Pod) {
+        self.reconcile_with(pod, None).await;
+    }
+
+    /// [`State::reconcile`], with the pod's netns when a scan for several pods already looked for it
+    /// (`Some(None)`: not found there).
+    async fn reconcile_with(&mut self, pod: &Pod, scanned: Option<Option<netns::Netns>>) {
         let id = uid(pod);
         let id = id.as_str();
         let enrolled = self.enroller.cache().get(id).is_some();
         let result = match (self.wanted(pod), enrolled) {
-            (true, false) => self.enroll_running(pod).await,
+            (true, false) => self.enroll_running(pod, scanned).await,
             (false, true) => self.enroller.remove(pod, terminal(pod)).await.map_err(|e| e.to_string()),
             _ => Ok(()),
         };
@@ -226,37 +321,51 @@ impl State {
         }
     }
 
-    /// A running pod (not coming through the CNI path): its netns is found through /proc.
-    async fn enroll_running(&self, pod: &Pod) -> Result<(), String> {
+    /// A running pod (not coming through the CNI path): its netns is found through /proc, unless `scanned`
+    /// says what a scan for several pods found.
+    async fn enroll_running(&self, pod: &Pod, scanned: Option<Option<netns::Netns>>) -> Result<(), String> {
         let ips = pod_ips(pod);
         if ips.is_empty() {
             return Ok(()); // still being created: the plugin hands it over
         }
-        let netns = self.find_netns(pod, &ips).await?;
+        let netns = match scanned {
+            Some(found) => found.ok_or_else(|| NOT_FOUND.to_string())?,
+            None => self.find_netns(pod, &ips).await?,
+        };
         self.enroller.enroll(pod, netns, ips).await.map_err(|e| e.to_string())
     }
 
     async fn find_netns(&self, pod: &Pod, ips: &[IpAddr]) -> Result<netns::Netns, String> {
         let (proc_dir, id, ips) = (self.config.host_proc.clone(), uid(pod), ips.to_vec());
         let started = std::time::Instant::now();
+        self.metrics.proc_scans.inc();
         let scan = tokio::task::spawn_blocking(move || netns::discover::find_pod_netns(&proc_dir, &id, &ips)).await;
         self.metrics.phase("netns", started);
-        scan.map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "netns not found through /proc".to_string())
+        scan.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.ok_or_else(|| NOT_FOUND.to_string())
     }
 
     /// The netns of every pod in `pods`, found in one `/proc` scan (a scan per pod would read every process once
-    /// per pod: quadratic on a busy node). Pods not found, or a failed scan, are simply absent.
+    /// per pod: quadratic on a busy node); none for no pods. Pods not found, or a failed scan, are simply absent.
+    /// Each pod found counts the scan's time in the `netns` phase, as its own scan would.
     async fn find_all_netns(&self, pods: &[Arc<Pod>]) -> HashMap<String, netns::Netns> {
+        if pods.is_empty() {
+            return HashMap::new();
+        }
         let proc_dir = self.config.host_proc.clone();
         let asked: Vec<(String, Vec<IpAddr>)> = pods.iter().map(|p| (uid(p), pod_ips(p))).collect();
+        let started = std::time::Instant::now();
+        self.metrics.proc_scans.inc();
         let scan = tokio::task::spawn_blocking(move || {
             let borrowed: Vec<(&str, &[IpAddr])> = asked.iter().map(|(u, ips)| (u.as_str(), ips.as_slice())).collect();
             netns::discover::find_pods_netns(&proc_dir, &borrowed)
         });
         match scan.await {
-            Ok(Ok(found)) => found,
+            Ok(Ok(found)) => {
+                for _ in 0..found.len() {
+                    self.metrics.phase("netns", started);
+                }
+                found
+            }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "scanning /proc for enrolled pods' netns");
                 Default::default()
@@ -288,9 +397,7 @@ impl State {
                 tracing::warn!(pod = %uid(&pod), error = %e, "restoring enrolled pod");
             }
         }
-        for pod in self.pods.state() {
-            self.reconcile(&pod).await;
-        }
+        self.reconcile_all(self.pods.state()).await;
         tracing::info!(enrolled = self.enroller.cache().count(), "caches synced");
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use cni::plugin_event::{CmdAdd, CMDADD_PATH};
+use cni::plugin_event::{CmdAdd, CMDADD_PATH, INVALID_POD_STATUS};
 use cni::{CniError, ErrorCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -62,6 +62,10 @@ pub fn hand_over(run_dir: &Path, event: &CmdAdd) -> Result<(), CniError> {
     });
     match reply {
         Ok((200, _)) => Ok(()),
+        Ok((status, reason)) if status == INVALID_POD_STATUS => Err(CniError::new(
+            ErrorCode::InvalidConfig,
+            format!("node agent refused pod {}/{} ({status}): {}", event.pod_namespace, event.pod_name, reason.trim()),
+        )),
         Ok((status, reason)) => Err(fail(format!(
             "node agent refused pod {}/{} ({status}): {}",
             event.pod_namespace,

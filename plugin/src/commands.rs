@@ -7,6 +7,7 @@ use cni::plugin_event::CmdAdd;
 use cni::{CniError, Command, ErrorCode, Invocation, Version, SUPPORTED_VERSIONS};
 use netns::Netns;
 use redirect::backend::Backend;
+use redirect::iptables::IptablesError;
 use serde_json::json;
 
 use crate::config::PluginConf;
@@ -130,6 +131,7 @@ fn add(
             pod_name: name.to_string(),
             pod_namespace: namespace.to_string(),
             ips: result["ips"].as_array().cloned().unwrap_or_default(),
+            pod_uid: inv.args.pod_uid().map(String::from),
         };
         ambient::hand_over(&conf.run_dir(), &event)?;
         tracing::info!("ambient pod enrolled by the node agent");
@@ -156,8 +158,17 @@ fn redirect_sidecar(
     let settings =
         sidecar::settings(pod, has_v6).map_err(|e| CniError::new(ErrorCode::InvalidConfig, e.to_string()))?;
     let plan = redirect::sidecar::build(&settings);
-    let force = conf.force_iptables_binary.as_deref().or(env.get("FORCE_IPTABLES_BINARY").map(String::as_str));
-    let backend = Backend::select(conf.native_nftables, force.filter(|f| !f.is_empty())).map_err(internal)?;
+    let (force, named) = match conf.force_iptables_binary.as_deref() {
+        Some(force) => (Some(force), "netconf key force_iptables_binary"),
+        None => (env.get("FORCE_IPTABLES_BINARY").map(String::as_str), "FORCE_IPTABLES_BINARY"),
+    };
+    // An unknown binary is a configuration error naming where it came from, like an invalid annotation.
+    let backend = Backend::select(conf.native_nftables, force.filter(|f| !f.is_empty())).map_err(|e| match e {
+        IptablesError::UnknownForcedBinary(_) => {
+            CniError::new(ErrorCode::InvalidConfig, format!("invalid {named}: {e}"))
+        }
+        e => internal(e),
+    })?;
     // Whether the host also holds rules of another backend is worth a warning, not a wait: look on another thread
     // while the rules go in.
     let span = tracing::Span::current();

@@ -486,7 +486,7 @@ fn a_rejected_add_of_a_sidecar_pod_leaves_no_rules_in_its_netns() {
             Some([netconf.to_string().into_bytes(), vec![b' '; 5 << 20]].concat()),
             6,
         ),
-        ("unknown iptables binary", mutate("/force_iptables_binary", json!("iptables-nonexistent")), "eth0", None, 999),
+        ("unknown iptables binary", mutate("/force_iptables_binary", json!("iptables-nonexistent")), "eth0", None, 7),
     ];
     for (case, conf, ifname, stdin, code) in cases {
         let netns = c.node.pod_netns();

@@ -3,7 +3,7 @@
 
 use std::net::{SocketAddr, SocketAddrV4};
 
-use istio_contract::{ports, proxy};
+use istio_contract::{names, ports, proxy};
 use serde_json::{json, Value};
 use testbed::mesh::{annotate, plain_pod, proxy_env, sidecar_pod, RuleBackend};
 use testbed::runtime::{NetworkConfigList, RuntimeConf, RuntimeError};
@@ -171,6 +171,61 @@ fn an_invalid_annotation_fails_add_with_code_7_and_leaves_no_rules() {
     assert_eq!(err.code, Some(7), "{err:?}");
     assert!(err.msg.contains("traffic.sidecar.istio.io/includeInboundPorts"), "{}", err.msg);
     assert!(!rules(&netns).to_lowercase().contains("istio"));
+}
+
+/// Interface names that must never reach a rule: the newline-and-rule, one that the unchecked
+/// iptables payload would have taken whole (an ACCEPT at the top of nat OUTPUT: the pod's traffic escapes capture),
+/// and a 16-byte name (one over the kernel's limit; nftables used to truncate it).
+const UNSAFE_INTERFACES: [&str; 3] =
+    ["eth9\n-I OUTPUT -j ACCEPT", "eth9 -j RETURN\n-I OUTPUT -j ACCEPT\n-A OUTPUT -o eth9", "abcdefghijklmnop"];
+
+/// Rule lines in a dump of every backend: iptables' `-A`/`-I` lines and nftables' `rule`s.
+fn rule_lines(ns: &NetnsGuard) -> Vec<String> {
+    let dump = rules(ns);
+    let ipt = dump.lines().filter(|l| l.starts_with("-A ") || l.starts_with("-I ")).map(String::from);
+    let nft = ns.exec_json(&["nft", "-j", "list", "ruleset"]);
+    let nft = nft["nftables"].as_array().into_iter().flatten().filter_map(|i| i.get("rule")).map(Value::to_string);
+    ipt.chain(nft).collect()
+}
+
+#[test]
+fn an_interface_annotation_holding_a_rule_or_16_bytes_fails_add_with_code_7_in_every_backend_and_programs_nothing() {
+    on_every_backend(|backend| {
+        let c = Cluster::with_backend(backend);
+        let annotations = [names::EXCLUDE_INTERFACES, names::REROUTE_VIRTUAL_INTERFACES, names::KUBEVIRT_INTERFACES];
+        for (i, annotation) in annotations.into_iter().enumerate() {
+            for (j, value) in UNSAFE_INTERFACES.into_iter().enumerate() {
+                let pod = annotate(sidecar_pod("shop", &format!("bad-{i}-{j}")), annotation, &format!("eth1,{value}"));
+                c.create(&pod);
+                let (netns, result) = add_keeping_netns(&c, &pod);
+                let err = plugin_error(result);
+                let case = format!("{backend:?} {annotation}={value:?}");
+                assert_eq!(err.code, Some(7), "{case}: {err:?}");
+                assert!(err.msg.contains(&format!("annotation {annotation}=")), "{case}: {}", err.msg);
+                assert!(err.msg.contains("interface name"), "{case}: {}", err.msg);
+                let left = rule_lines(&netns);
+                assert!(left.is_empty(), "{case}: rules were programmed:\n{}", left.join("\n"));
+                assert!(!rules(&netns).to_lowercase().contains("istio"), "{case}:\n{}", rules(&netns));
+            }
+        }
+        // One byte less is the kernel's limit, and is programmed whole.
+        let ok = c.run(&annotate(sidecar_pod("shop", "longest"), names::EXCLUDE_INTERFACES, "abcdefghijklmno"));
+        let dump = backend.dump(&ok.netns);
+        assert!(dump.contains("abcdefghijklmno"), "{backend:?}: the 15-byte name is missing:\n{dump}");
+    });
+}
+
+#[test]
+fn an_unknown_force_iptables_binary_fails_add_with_code_7_naming_it_and_programs_nothing() {
+    let mut c = Cluster::new();
+    c.plugin_overrides = json!({ "force_iptables_binary": "iptables-nft\n-A OUTPUT -j ACCEPT" });
+    let pod = sidecar_pod("shop", "web");
+    c.create(&pod);
+    let (netns, result) = add_keeping_netns(&c, &pod);
+    let err = plugin_error(result);
+    assert_eq!(err.code, Some(7), "{err:?}");
+    assert!(err.msg.contains("force_iptables_binary"), "{}", err.msg);
+    assert!(rule_lines(&netns).is_empty() && !rules(&netns).to_lowercase().contains("istio"));
 }
 
 #[test]

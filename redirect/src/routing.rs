@@ -36,6 +36,12 @@ pub enum RoutingError {
         /// Underlying I/O error.
         source: std::io::Error,
     },
+    /// The kernel did not answer the routing requests in time ([`netns::netlink::RECV_TIMEOUT`]).
+    #[error("no rtnetlink answer within {after:?}")]
+    Timeout {
+        /// How long the requests waited.
+        after: std::time::Duration,
+    },
 }
 
 /// The loopback device always has this ifindex in every netns (LOOPBACK_IFINDEX in the kernel).
@@ -55,7 +61,8 @@ pub(crate) struct FwmarkRule {
 }
 
 /// Runs `f` with an rtnetlink handle on a current-thread runtime on the calling thread, so the socket lives in
-/// this thread's netns.
+/// this thread's netns. `f` gets [`netns::netlink::RECV_TIMEOUT`] for all its requests, as every netlink socket of
+/// ours does: a kernel that never answers is an error, not a thread blocked forever.
 fn with_handle<T, F, Fut>(f: F) -> Result<T, RoutingError>
 where
     F: FnOnce(Handle) -> Fut,
@@ -63,13 +70,15 @@ where
 {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()
         .map_err(|source| RoutingError::Setup { what: "build netlink runtime".into(), source })?;
     rt.block_on(async {
         let (conn, handle, _) = rtnetlink::new_connection()
             .map_err(|source| RoutingError::Setup { what: "open rtnetlink socket".into(), source })?;
         let conn = tokio::spawn(conn);
-        let result = f(handle).await;
+        let after = netns::netlink::RECV_TIMEOUT;
+        let result = tokio::time::timeout(after, f(handle)).await.unwrap_or(Err(RoutingError::Timeout { after }));
         conn.abort();
         result
     })

@@ -44,9 +44,9 @@ fn case(name: &str, ipv6: bool) -> InpodConfig {
 
 /// Our payload: the IPv4 restore input, then the IPv6 one.
 fn payload(plan: &AmbientPlan) -> String {
-    let mut out = render(&plan.v4);
+    let mut out = render(&plan.v4).unwrap();
     if let Some(v6) = &plan.v6 {
-        out += &render(v6);
+        out += &render(v6).unwrap();
     }
     out
 }
@@ -234,9 +234,10 @@ fn nftables_programs_twice_and_removes_exactly_ours() {
 #[test]
 fn hostprobe_iptables_payloads_equal_istio_goldens() {
     let cfg = HostProbeConfig::default();
-    let v4 = render(&hostprobe::iptables_rules(&cfg, Family::V4));
+    let v4 = render(&hostprobe::iptables_rules(&cfg, Family::V4)).unwrap();
     assert_text("hostprobe", &iptables_golden("hostprobe"), &v4);
-    let v6 = render(&hostprobe::iptables_rules(&HostProbeConfig { enable_ipv6: true, ..cfg.clone() }, Family::V6));
+    let v6 =
+        render(&hostprobe::iptables_rules(&HostProbeConfig { enable_ipv6: true, ..cfg.clone() }, Family::V6)).unwrap();
     assert_text("hostprobe_ipv6", &iptables_golden("hostprobe_ipv6"), &(v4 + &v6));
 }
 

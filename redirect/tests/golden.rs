@@ -66,7 +66,7 @@ fn check_plugin(name: &str, cfg: SidecarConfig) {
     let plan = build(&cfg);
     assert!(plan.v6.is_none(), "{name}: IPv4-only host expected");
     let expected = tables(&golden("plugin-sidecar", name));
-    let actual = tables(&render(&plan.v4));
+    let actual = tables(&render(&plan.v4).unwrap());
     let keys = |m: &BTreeMap<String, String>| m.keys().cloned().collect::<Vec<_>>();
     assert_eq!(keys(&expected), keys(&actual), "{name}: tables differ");
     for (table, text) in &expected {
@@ -81,9 +81,9 @@ plugin_tests!(check_plugin);
 fn check_capture(name: &str, cfg: SidecarConfig) {
     let plan = build(&cfg);
     assert_eq!(plan.v6.is_some(), cfg.enable_ipv6, "{name}: v6 payload presence");
-    let mut actual = render(&plan.v4);
+    let mut actual = render(&plan.v4).unwrap();
     if let Some(v6) = &plan.v6 {
-        actual += &render(v6);
+        actual += &render(v6).unwrap();
     }
     assert_text(name, &golden("sidecar-capture", name), &actual);
 }

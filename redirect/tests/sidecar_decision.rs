@@ -50,7 +50,7 @@ fn assert_case(case: &str, golden_name: &str, p: PodInfo) {
     assert_eq!(decide(&p), Decision::Redirect, "{case}");
     let plan = redirect::sidecar::build(&settings(&p, false).unwrap());
     assert!(plan.v6.is_none(), "{case}: IPv4-only pod got v6 rules");
-    let got = tables(&redirect::iptables::render(&plan.v4));
+    let got = tables(&redirect::iptables::render(&plan.v4).unwrap());
     let want = tables(&golden(golden_name));
     assert_eq!(got, want, "{case}: rendered rules differ from {golden_name}");
 }

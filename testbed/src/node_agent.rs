@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 use zds::messages::{workload_request::Payload, WorkloadInfo};
 
+use crate::kubelet::Kubelet;
 use crate::mesh::{plain_pod, Cluster, RuleBackend};
 use crate::wait::eventually;
 use crate::{bins, NetnsGuard};
@@ -111,7 +112,8 @@ fn backend_env(cluster: &Cluster) -> Vec<(String, String)> {
     env
 }
 
-/// A running `node-agent`; killed with SIGKILL on drop unless it already exited.
+/// A running `node-agent`, with the node's kubelet it finds through `/proc`; killed with SIGKILL on drop unless it
+/// already exited.
 #[derive(Debug)]
 pub struct NodeAgent {
     child: Child,
@@ -119,14 +121,42 @@ pub struct NodeAgent {
     scratch: TempDir,
     log: PathBuf,
     exit: Option<ExitStatus>,
+    _kubelet: Kubelet,
 }
 
 impl NodeAgent {
     /// Spawns the agent inside `cluster`'s node netns with a cleared env: node `node-1`, the fake API's
-    /// kubeconfig, the cluster's run dir, a private ZDS socket, the cluster's rule backend, then `overrides`.
-    /// Returns once `/readyz` answers 200, i.e. the caches synced and both sockets are served.
+    /// kubeconfig, the cluster's run dir, a private ZDS socket, the cluster's rule backend, then `overrides`; a
+    /// stand-in [`Kubelet`] runs beside it, as on a node. Returns once `/readyz` answers 200, i.e. the caches
+    /// synced and both sockets are served.
     #[track_caller]
     pub fn start(cluster: &Cluster, overrides: &[(&str, &str)]) -> Self {
+        let mut agent = Self::spawn(cluster, overrides);
+        agent.wait_ready();
+        agent
+    }
+
+    /// Spawns the agent as [`NodeAgent::start`] does, for settings or a node it cannot work with, and waits until
+    /// it exits without ever answering `/readyz` with 200. Returns its exit status and its log.
+    #[track_caller]
+    pub fn start_expecting_exit(cluster: &Cluster, overrides: &[(&str, &str)]) -> (ExitStatus, String) {
+        let mut agent = Self::spawn(cluster, overrides);
+        let netns = agent.netns.clone();
+        let child = &mut agent.child;
+        let exited = eventually("node-agent exits at start (or becomes ready)", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(Ok(status));
+            }
+            (readyz(&netns) == Some(200)).then_some(Err(()))
+        });
+        let Ok(status) = exited else { panic!("node-agent became ready; log:\n{}", agent.log()) };
+        agent.exit = Some(status);
+        (status, agent.log())
+    }
+
+    #[track_caller]
+    fn spawn(cluster: &Cluster, overrides: &[(&str, &str)]) -> Self {
+        let kubelet = Kubelet::start();
         let scratch = tempfile::Builder::new().prefix("node-agent-").tempdir().expect("node agent tempdir");
         let kubeconfig = scratch.path().join("kubeconfig");
         cluster.api.write_kubeconfig(&kubeconfig).expect("fake API kubeconfig");
@@ -155,9 +185,7 @@ impl NodeAgent {
         cmd.env_clear().envs(env).stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
         let ns = cluster.node.netns().open().expect("open node netns");
         let child = ns.run(|| cmd.spawn()).expect("enter node netns").expect("spawn node-agent");
-        let mut agent = Self { child, netns: cluster.node.netns().path(), scratch, log, exit: None };
-        agent.wait_ready();
-        agent
+        Self { child, netns: cluster.node.netns().path(), scratch, log, exit: None, _kubelet: kubelet }
     }
 
     /// The process id, so a caller can tell whether it is still running.
@@ -435,4 +463,50 @@ pub fn uid(cluster: &Cluster, namespace: &str, name: &str) -> String {
 /// The pod netns of a test pod, as a handle (for comparing ids).
 pub fn netns_id(ns: &NetnsGuard) -> (u64, u64) {
     ns.open().expect("open pod netns").id()
+}
+
+/// The node agent's enrollment pause, a test hook of its debug builds (`node-agent/src/enroll.rs`, module doc):
+/// every enrollment reaching the chosen stage announces itself with `<dir>/<pod uid>.paused` and waits for
+/// `<dir>/<pod uid>.resume`. For deleting a pod at a precise point of its enrollment.
+#[derive(Debug)]
+pub struct EnrollmentPause {
+    stage: &'static str,
+    dir: TempDir,
+}
+
+impl EnrollmentPause {
+    /// The agent's enrollment stages in order (its `enroll::Stage` names; a node-agent unit test keeps the two
+    /// equal): before the in-pod rules, before the proxy's Add, before the host probe entry, before the
+    /// annotation, and after it.
+    pub const STAGES: [&'static str; 5] = ["rules", "proxy", "probe", "annotate", "enrolled"];
+    /// Names the stage to pause at.
+    pub const STAGE_ENV: &'static str = "NODE_AGENT_TEST_PAUSE_STAGE";
+    /// Names the directory of the pause files.
+    pub const DIR_ENV: &'static str = "NODE_AGENT_TEST_PAUSE_DIR";
+
+    /// A pause at `stage` (one of [`EnrollmentPause::STAGES`]), with a fresh directory for its files.
+    pub fn at(stage: &'static str) -> Self {
+        assert!(Self::STAGES.contains(&stage), "{stage} is none of the agent's enrollment stages {:?}", Self::STAGES);
+        let dir = tempfile::Builder::new().prefix("enroll-pause-").tempdir().expect("pause dir");
+        Self { stage, dir }
+    }
+
+    /// The agent env that arms the pause, for [`NodeAgent::start`]'s overrides.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![(Self::STAGE_ENV, self.stage.to_owned()), (Self::DIR_ENV, self.dir.path().display().to_string())]
+    }
+
+    /// Waits until the enrollment of pod `uid` is paused at the stage.
+    #[track_caller]
+    pub fn wait_paused(&self, uid: &str) {
+        let paused = self.dir.path().join(format!("{uid}.paused"));
+        eventually(&format!("the enrollment of {uid} pauses at stage {}", self.stage), || {
+            paused.exists().then_some(())
+        });
+    }
+
+    /// Lets the enrollment of pod `uid` go on.
+    pub fn resume(&self, uid: &str) {
+        std::fs::write(self.dir.path().join(format!("{uid}.resume")), b"").expect("write resume file");
+    }
 }

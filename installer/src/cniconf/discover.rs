@@ -45,9 +45,33 @@ fn named(dir: &Path, name: &str, skip: Option<&str>) -> Option<PathBuf> {
 /// The first file in `dir` a CNI runtime would load, in lexical order (libcni's `ConfFiles` and
 /// the kubelet's default-network rule). A missing dir has no config.
 pub(crate) fn first_valid(dir: &Path, skip: Option<&str>) -> Result<Option<PathBuf>, ConfError> {
+    for path in config_files(dir, skip)? {
+        let verdict = fs::read(&path).map_err(|e| e.to_string()).and_then(|bytes| {
+            let is_list = path.extension().is_some_and(|e| e == "conflist");
+            loadable_config(&bytes, is_list).map_err(|e| e.to_string())
+        });
+        match verdict {
+            Ok(()) => return Ok(Some(path)),
+            Err(reason) => tracing::warn!(path = %path.display(), %reason, "skipping invalid CNI config"),
+        }
+    }
+    Ok(None)
+}
+
+/// The `.conf`/`.json` files in `dir` (the names libcni reads as one plugin), in lexical order, for
+/// finishing interrupted conversions. A missing dir has none.
+pub(crate) fn single_config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfError> {
+    let mut files = config_files(dir, None)?;
+    files.retain(|p| p.extension().is_some_and(|e| e != "conflist"));
+    Ok(files)
+}
+
+/// Every file in `dir` libcni's `ConfFiles` lists (`.conf`, `.conflist`, `.json`; no dirs), in lexical
+/// order, without our temp files and the file named `skip`. A missing dir has none.
+fn config_files(dir: &Path, skip: Option<&str>) -> Result<Vec<PathBuf>, ConfError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => return Err(ConfError::ListDir { path: dir.to_owned(), source }),
     };
     let mut candidates = Vec::new();
@@ -62,27 +86,27 @@ pub(crate) fn first_valid(dir: &Path, skip: Option<&str>) -> Result<Option<PathB
         candidates.push(path);
     }
     candidates.sort();
-    for path in candidates {
-        let verdict = fs::read(&path).map_err(|e| e.to_string()).and_then(|bytes| {
-            let is_list = path.extension().is_some_and(|e| e == "conflist");
-            loadable_config(&bytes, is_list).map_err(|e| e.to_string())
-        });
-        match verdict {
-            Ok(()) => return Ok(Some(path)),
-            Err(reason) => tracing::warn!(path = %path.display(), %reason, "skipping invalid CNI config"),
-        }
-    }
-    Ok(None)
+    Ok(candidates)
+}
+
+/// Tells whether a parsed config loads as a list by libcni's rules (see [`loadable_config`]).
+pub(crate) fn is_loadable_list(map: &Map<String, Value>) -> bool {
+    loadable_list(map).is_ok()
 }
 
 /// libcni's load rules: a single config needs a `type`; a list needs a `name` and a non-empty
 /// `plugins` array of configs that each have a `type`; `name`/`cniVersion` must be strings.
 fn loadable_config(bytes: &[u8], is_list: bool) -> Result<(), Malformed> {
     let map = parse_object(bytes)?;
-    if !is_list {
-        return loadable_plugin(&map);
+    if is_list {
+        loadable_list(&map)
+    } else {
+        loadable_plugin(&map)
     }
-    string_field(&map, "cniVersion")?;
+}
+
+fn loadable_list(map: &Map<String, Value>) -> Result<(), Malformed> {
+    string_field(map, "cniVersion")?;
     if !matches!(map.get("name"), Some(Value::String(_))) {
         return Err(Malformed::NoName);
     }

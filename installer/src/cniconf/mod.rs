@@ -1,8 +1,10 @@
 //! The CNI config side of install-cni: building our `istio-cni` plugin entry, finding the primary
 //! config the kubelet uses, merging our entry into it (or writing an owned/standalone file), the
-//! validity check behind readiness, and cleanup. Output matches Istio's byte for byte.
+//! validity check behind readiness, finishing a conversion a crash interrupted, and cleanup. Output
+//! matches Istio's byte for byte.
 
 mod check;
+mod complete;
 mod discover;
 mod entry;
 mod error;
@@ -10,6 +12,7 @@ mod json;
 mod plan;
 
 pub use check::{check, Invalid};
+pub use complete::complete_conversions;
 pub use discover::find_primary;
 pub use entry::{PluginEntry, PLUGIN_TYPE};
 pub use error::{ConfError, Malformed};

@@ -10,7 +10,8 @@ use super::discover::find_primary;
 use super::entry::PluginEntry;
 use super::error::ConfError;
 use super::json::{insert, remove_entry, standalone, ConfForm};
-use crate::atomic::{rename_synced, write_atomic};
+use crate::atomic::{remove_synced, write_atomic, write_atomic_staged};
+use crate::crash::{self, Step};
 
 /// File name of the standalone config when `CNI_CONF_NAME` is unset (Istio's name: it sorts after
 /// the usual primaries).
@@ -70,7 +71,7 @@ pub struct Desired {
 pub enum Change {
     /// The file was (re)written in place.
     Wrote(PathBuf),
-    /// `from` was rewritten and renamed to `to` (a `.conf` converted into a `.conflist`).
+    /// `from` was converted into `to` (a `.conf` into its `.conflist`): `to` written, then `from` removed.
     Converted {
         /// The original file.
         from: PathBuf,
@@ -118,21 +119,24 @@ pub fn desired(dir: &Path, settings: &ConfSettings, entry: &PluginEntry) -> Resu
     Ok(Some(plan))
 }
 
-/// Puts a planned config on disk atomically. A converted `.conf` is first rewritten in place and
-/// then renamed to its `.conflist` (as Istio does), so at no moment does a runtime load the old
-/// config without our entry under a name that sorts first.
+/// Puts a planned config on disk atomically. A `.conf` is converted in an order a crash cannot break:
+/// the `.conflist` is written first (temp file, fsync, rename, dir fsync) and the `.conf` removed last. In
+/// between both exist; `X.conf` sorts before `X.conflist`, so a runtime still loads the old, valid
+/// config (without our entry) until the removal, and a restarted install-cni finds the `.conflist`
+/// and removes the leftover ([`complete_conversions`](super::complete_conversions)). Each step is a
+/// [`crash`](crate::crash) hook point.
 pub fn apply(plan: &Desired) -> Result<Change, ConfError> {
-    let write_to = plan.replaces.as_ref().unwrap_or(&plan.target);
-    write_atomic(write_to, &plan.bytes, plan.mode)
-        .map_err(|source| ConfError::Write { path: write_to.clone(), source })?;
-    match &plan.replaces {
-        Some(from) => {
-            rename_synced(from, &plan.target)
-                .map_err(|source| ConfError::Write { path: plan.target.clone(), source })?;
-            Ok(Change::Converted { from: from.clone(), to: plan.target.clone() })
-        }
-        None => Ok(Change::Wrote(plan.target.clone())),
-    }
+    let write_err = |source| ConfError::Write { path: plan.target.clone(), source };
+    let Some(from) = &plan.replaces else {
+        write_atomic(&plan.target, &plan.bytes, plan.mode).map_err(write_err)?;
+        return Ok(Change::Wrote(plan.target.clone()));
+    };
+    write_atomic_staged(&plan.target, &plan.bytes, plan.mode, || crash::after(Step::ConflistStaged))
+        .map_err(write_err)?;
+    crash::after(Step::ConflistWritten);
+    remove_synced(from).map_err(|source| ConfError::Remove { path: from.clone(), source })?;
+    crash::after(Step::ConfRemoved);
+    Ok(Change::Converted { from: from.clone(), to: plan.target.clone() })
 }
 
 /// Undoes our config for uninstall: deletes the owned or standalone file, or removes our entry from

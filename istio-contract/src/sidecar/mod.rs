@@ -9,11 +9,15 @@ use ipnet::{IpNet, Ipv4Net};
 use crate::names::{
     EXCLUDE_INBOUND_PORTS, EXCLUDE_INTERFACES, EXCLUDE_OUTBOUND_IP_RANGES, EXCLUDE_OUTBOUND_PORTS,
     INCLUDE_INBOUND_PORTS, INCLUDE_OUTBOUND_IP_RANGES, INCLUDE_OUTBOUND_PORTS, INIT_CONTAINER, INTERCEPTION_MODE,
-    KUBEVIRT_INTERFACES, REROUTE_VIRTUAL_INTERFACES, SIDECAR_INJECT, SIDECAR_STATUS_ANNOTATION,
+    KUBEVIRT_INTERFACES, PROXY_RUN_AS_GROUP, PROXY_RUN_AS_USER, REROUTE_VIRTUAL_INTERFACES, SIDECAR_INJECT,
+    SIDECAR_STATUS_ANNOTATION,
 };
 use crate::pod::PodInfo;
 use crate::ports;
 use crate::proxy::{PROXY_GID, PROXY_UID, TPROXY_MARK};
+/// Kept under this name here, where the settings are built; defined with the other checks.
+pub use crate::validate::SettingsError;
+use crate::validate::{self, interfaces, Setting};
 
 /// Ports of the sidecar's own health, status and metrics endpoints, never captured inbound.
 const ALWAYS_EXCLUDED_INBOUND: [u16; 3] = [ports::STATS, ports::READINESS, ports::ENVOY_PROMETHEUS];
@@ -87,29 +91,13 @@ fn skip_reason(pod: &PodInfo) -> Option<Skip> {
     None
 }
 
-/// A pod whose annotations Istio's decision cannot turn into rules: the pod must not start (fail closed).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid annotation {annotation}={value:?}: {why}")]
-pub struct SettingsError {
-    /// The annotation at fault.
-    pub annotation: &'static str,
-    /// Its value as the pod carries it.
-    pub value: String,
-    /// What is wrong with it.
-    pub why: String,
-}
-
 fn invalid(annotation: &'static str, value: &str, why: impl std::fmt::Display) -> SettingsError {
-    SettingsError { annotation, value: value.to_owned(), why: why.to_string() }
-}
-
-fn list(value: &str) -> impl Iterator<Item = &str> {
-    value.split(',').map(str::trim).filter(|s| !s.is_empty())
+    SettingsError::annotation_value(annotation, value, why)
 }
 
 fn port_list(pod: &PodInfo, annotation: &'static str, default: &str) -> Result<Vec<u16>, SettingsError> {
     let value = pod.annotations.get(annotation).map(String::as_str).unwrap_or(default);
-    list(value).map(|p| p.parse::<u16>().map_err(|e| invalid(annotation, value, e))).collect()
+    validate::port_list(value).map_err(|e| invalid(annotation, value, e))
 }
 
 fn port_spec(pod: &PodInfo, annotation: &'static str) -> Result<PortSpec, SettingsError> {
@@ -121,21 +109,20 @@ fn port_spec(pod: &PodInfo, annotation: &'static str) -> Result<PortSpec, Settin
 
 fn cidrs(pod: &PodInfo, annotation: &'static str) -> Result<Vec<IpNet>, SettingsError> {
     let Some(value) = pod.annotations.get(annotation) else { return Ok(Vec::new()) };
-    list(value)
-        .map(|c| {
-            c.parse::<IpNet>()
-                .or_else(|_| c.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|e| invalid(annotation, value, e))
-        })
-        .collect()
+    validate::cidr_list(value).map_err(|e| invalid(annotation, value, e))
 }
 
-fn names(pod: &PodInfo, annotation: &'static str) -> Vec<String> {
-    pod.annotations.get(annotation).map(|v| list(v).map(String::from).collect()).unwrap_or_default()
-}
-
-fn id(v: Option<i64>) -> u32 {
-    v.filter(|&v| v > 0).and_then(|v| u32::try_from(v).ok()).unwrap_or(PROXY_UID)
+/// The proxy's uid or gid from its container's `field`: unset or 0 means Istio's default (1337, as Istio's plugin
+/// treats them); a value that is no valid id is an error, never silently the default.
+fn id(value: Option<i64>, field: &'static str, default: u32) -> Result<u32, SettingsError> {
+    match value {
+        None | Some(0) => Ok(default),
+        Some(v) => validate::owner_id(v).map_err(|e| SettingsError {
+            setting: Setting::ProxyField(field),
+            value: v.to_string(),
+            why: e.to_string(),
+        }),
+    }
 }
 
 /// Builds the redirect settings for a pod that [`decide`] redirects, exactly as Istio's plugin does.
@@ -158,14 +145,14 @@ pub fn settings(pod: &PodInfo, pod_has_ipv6: bool) -> Result<SidecarConfig, Sett
         None | Some("*") => CidrSpec::All,
         Some(_) => CidrSpec::List(cidrs(pod, INCLUDE_OUTBOUND_IP_RANGES)?),
     };
-    let mut reroute = names(pod, REROUTE_VIRTUAL_INTERFACES);
+    let mut reroute = interfaces(&pod.annotations, REROUTE_VIRTUAL_INTERFACES)?;
     if reroute.is_empty() {
-        reroute = names(pod, KUBEVIRT_INTERFACES);
+        reroute = interfaces(&pod.annotations, KUBEVIRT_INTERFACES)?;
     }
     let dns = env_true("ISTIO_META_DNS_CAPTURE");
     Ok(SidecarConfig {
-        proxy_uids: vec![id(proxy.run_as_user)],
-        proxy_gids: vec![id(proxy.run_as_group)],
+        proxy_uids: vec![id(proxy.run_as_user, PROXY_RUN_AS_USER, PROXY_UID)?],
+        proxy_gids: vec![id(proxy.run_as_group, PROXY_RUN_AS_GROUP, PROXY_GID)?],
         mode,
         inbound_ports_include: port_spec(pod, INCLUDE_INBOUND_PORTS)?,
         inbound_ports_exclude: inbound_exclude,
@@ -173,7 +160,7 @@ pub fn settings(pod: &PodInfo, pod_has_ipv6: bool) -> Result<SidecarConfig, Sett
         outbound_ports_exclude: port_list(pod, EXCLUDE_OUTBOUND_PORTS, "15020")?,
         outbound_ip_ranges_include: include_ranges,
         outbound_ip_ranges_exclude: cidrs(pod, EXCLUDE_OUTBOUND_IP_RANGES)?,
-        exclude_interfaces: names(pod, EXCLUDE_INTERFACES),
+        exclude_interfaces: interfaces(&pod.annotations, EXCLUDE_INTERFACES)?,
         reroute_virtual_interfaces: reroute,
         redirect_dns: dns,
         capture_all_dns: dns,

@@ -36,14 +36,25 @@ const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 const NLM_F_ACK: u16 = 0x4;
 
-/// A failed ipset request: what was asked and the kernel's answer (ipset's own codes are above 4096).
+/// A failed ipset request: what was asked, and the kernel's answer or why none came.
 #[derive(Debug, thiserror::Error)]
-#[error("ipset {what}: {}", describe(*.errno))]
-pub struct IpsetError {
-    /// The request, e.g. `add istio-inpod-probes-v4 10.0.0.5`.
-    pub what: String,
-    /// errno or ipset error code.
-    pub errno: i32,
+pub enum IpsetError {
+    /// The kernel refused the request (ipset's own codes are above 4096).
+    #[error("ipset {what}: {}", describe(*.errno))]
+    Kernel {
+        /// The request, e.g. `add istio-inpod-probes-v4 10.0.0.5`.
+        what: String,
+        /// errno or ipset error code.
+        errno: i32,
+    },
+    /// The netlink socket failed, or the kernel did not answer within the socket's receive timeout.
+    #[error("ipset {what}: {source}")]
+    Socket {
+        /// The request.
+        what: String,
+        /// What failed.
+        source: Box<NftError>,
+    },
 }
 
 fn describe(errno: i32) -> String {
@@ -92,7 +103,7 @@ pub(crate) fn destroy(name: &str) -> Result<(), IpsetError> {
     let mut w = Writer::default();
     header(&mut w, IPSET_CMD_DESTROY, NLM_F_ACK, name, |_| {});
     match request(&w, format!("destroy {name}")) {
-        Err(e) if e.errno == libc::ENOENT => Ok(()),
+        Err(IpsetError::Kernel { errno: libc::ENOENT, .. }) => Ok(()),
         other => other,
     }
 }
@@ -149,12 +160,10 @@ fn request(w: &Writer, what: String) -> Result<(), IpsetError> {
 /// Sends one request and reads answers until the ack (or dump end), handing each data message's attributes
 /// to `each`.
 fn ipset_exchange(w: &Writer, what: &str, mut each: impl FnMut(&[u8])) -> Result<(), IpsetError> {
-    let err = |errno: i32| IpsetError { what: what.to_string(), errno };
     let steps = Steps { send: "send ipset request", receive: "receive ipset answer" };
     match exchange(w.bytes(), steps, |_, msg| each(msg)) {
         Ok(End::Done | End::Errno(0)) => Ok(()),
-        Ok(End::Errno(errno)) => Err(err(errno)),
-        Err(NftError::Socket { source, .. }) => Err(err(source.raw_os_error().unwrap_or(libc::EIO))),
-        Err(_) => Err(err(libc::EIO)),
+        Ok(End::Errno(errno)) => Err(IpsetError::Kernel { what: what.to_string(), errno }),
+        Err(source) => Err(IpsetError::Socket { what: what.to_string(), source: Box::new(source) }),
     }
 }

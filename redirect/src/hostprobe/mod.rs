@@ -10,7 +10,7 @@
 mod ipset;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use netns::{Netns, NetnsError};
 
@@ -55,7 +55,8 @@ pub struct HostProbeConfig {
 }
 
 impl Default for HostProbeConfig {
-    /// Istio's defaults with kubelet running as root.
+    /// Istio's probe addresses, IPv4 only; `kubelet_uid` is root's until the caller sets the one
+    /// [`find_kubelet_uid`] finds (the node agent refuses to start in nftables mode without it).
     fn default() -> Self {
         Self { snat_v4: PROBE_SNAT_V4, snat_v6: PROBE_SNAT_V6, enable_ipv6: false, kubelet_uid: 0 }
     }
@@ -110,31 +111,66 @@ pub fn nft_rules(cfg: &HostProbeConfig) -> Vec<Vec<Stmt>> {
         .collect()
 }
 
-/// The kubelet's uid as Istio's nftables mode finds it: the owner of the first process named `kubelet` or
-/// `kubelite` whose command line mentions kubelet, or `k3s`, under `proc` (normally `/proc`).
-pub fn find_kubelet_uid(proc: &Path) -> Option<u32> {
-    let entries = std::fs::read_dir(proc).ok()?;
+/// The processes that host the kubelet, in Istio's order of preference: the process name (`/proc/<pid>/comm`)
+/// and whether its command line must mention `kubelet` (MicroK8s' `kubelite` does; k3s embeds the kubelet
+/// without saying so).
+const KUBELET_PROCESSES: [(&str, bool); 3] = [("kubelet", true), ("kubelite", true), ("k3s", false)];
+
+/// Why the kubelet's uid could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletUidError {
+    /// The proc directory could not be listed.
+    #[error("listing processes in {}: {source}", proc.display())]
+    Proc {
+        /// The proc directory (`HOST_PROC`).
+        proc: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// No process there hosts the kubelet.
+    #[error("no kubelet process in {}: looked for a process named {}", proc.display(), kubelet_processes())]
+    NotFound {
+        /// The proc directory (`HOST_PROC`).
+        proc: PathBuf,
+    },
+}
+
+/// [`KUBELET_PROCESSES`] in words, for the error.
+fn kubelet_processes() -> String {
+    let describe = |&(name, cmdline): &(&str, bool)| match cmdline {
+        true => format!("`{name}` whose command line mentions kubelet"),
+        false => format!("`{name}`"),
+    };
+    KUBELET_PROCESSES.iter().map(describe).collect::<Vec<_>>().join(", or ")
+}
+
+/// The kubelet's uid as Istio's nftables mode finds it: the real uid of the first process named `kubelet` or
+/// `kubelite` whose command line mentions kubelet, or `k3s`, under `proc` (the host's `/proc`). The nftables
+/// host probe rule matches that uid (`meta skuid`), so without it there is no rule to program.
+pub fn find_kubelet_uid(proc: &Path) -> Result<u32, KubeletUidError> {
+    let entries = std::fs::read_dir(proc).map_err(|source| KubeletUidError::Proc { proc: proc.into(), source })?;
     let mut pids: Vec<u32> = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
     pids.sort_unstable();
-    for kind in [("kubelet", true), ("kubelite", true), ("k3s", false)] {
+    for (name, needs_cmdline) in KUBELET_PROCESSES {
         for pid in &pids {
             let dir = proc.join(pid.to_string());
+            // A process that exits meanwhile reads as empty and is skipped.
             let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-            if comm.trim() != kind.0 {
+            if comm.trim_end_matches('\n') != name {
                 continue;
             }
             let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
-            if kind.1 && !String::from_utf8_lossy(&cmdline).to_lowercase().contains("kubelet") {
+            if needs_cmdline && !String::from_utf8_lossy(&cmdline).to_lowercase().contains("kubelet") {
                 continue;
             }
             let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
             let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok());
-            if uid.is_some() {
-                return uid;
+            if let Some(uid) = uid {
+                return Ok(uid);
             }
         }
     }
-    None
+    Err(KubeletUidError::NotFound { proc: proc.into() })
 }
 
 /// Failures of the host-probe rules and sets.
@@ -313,5 +349,45 @@ impl HostProbe {
         })??;
         out.sort();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake `/proc/<pid>` with `comm`, `cmdline` (NUL-separated) and the `Uid:` line of `status`.
+    fn process(proc: &Path, pid: u32, comm: &str, cmdline: &[&str], uid: u32) {
+        let dir = proc.join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+        std::fs::write(dir.join("cmdline"), cmdline.iter().map(|a| format!("{a}\0")).collect::<String>()).unwrap();
+        std::fs::write(dir.join("status"), format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")).unwrap();
+    }
+
+    #[test]
+    fn the_kubelet_kubelite_or_k3s_gives_its_uid_in_that_order() {
+        let proc = tempfile::tempdir().unwrap();
+        process(proc.path(), 7, "k3s", &["k3s", "agent"], 300);
+        assert_eq!(find_kubelet_uid(proc.path()).unwrap(), 300);
+        process(proc.path(), 9, "kubelite", &["/snap/microk8s/current/bin/kubelite", "--kubelet-args-file=x"], 200);
+        assert_eq!(find_kubelet_uid(proc.path()).unwrap(), 200);
+        process(proc.path(), 11, "kubelet", &["/usr/bin/kubelet", "--config=/var/lib/kubelet/config.yaml"], 100);
+        assert_eq!(find_kubelet_uid(proc.path()).unwrap(), 100);
+    }
+
+    #[test]
+    fn a_process_merely_named_kubelet_does_not_count_and_none_is_an_error_naming_what_and_where() {
+        let proc = tempfile::tempdir().unwrap();
+        process(proc.path(), 5, "kubelet", &["/usr/bin/sleep", "600"], 100);
+        process(proc.path(), 6, "sleep", &["/usr/bin/kubelet"], 100);
+        let err = find_kubelet_uid(proc.path()).unwrap_err();
+        assert!(matches!(err, KubeletUidError::NotFound { .. }), "{err}");
+        let text = err.to_string();
+        for part in [proc.path().to_str().unwrap(), "`kubelet`", "`kubelite`", "`k3s`"] {
+            assert!(text.contains(part), "{text} names {part}");
+        }
+        let missing = proc.path().join("missing");
+        assert!(matches!(find_kubelet_uid(&missing), Err(KubeletUidError::Proc { .. })));
     }
 }

@@ -18,11 +18,13 @@ const OWNED_TABLES: [Table; 3] = [Table::Mangle, Table::Nat, Table::Raw];
 /// so re-applying is idempotent), then, if the plan has IPv6 rules, the passthrough source `::6/128` on `lo`,
 /// and TPROXY policy routing if the plan needs it. Re-applying is idempotent throughout.
 pub fn apply(netns: &Netns, plan: &Plan, backend: IptablesBackend) -> Result<(), IptablesError> {
+    // Rendered before anything runs: a refused name leaves the pod's tables untouched in both families.
+    let payloads = std::iter::once(&plan.v4).chain(plan.v6.as_ref()).map(|rs| Ok((rs.family, render(rs)?)));
+    let payloads: Vec<(Family, String)> = payloads.collect::<Result<_, IptablesError>>()?;
     let lock = XtablesLock::new()?;
     netns.run(|| {
-        let families = std::iter::once(&plan.v4).chain(plan.v6.as_ref());
-        for rs in families {
-            restore(backend, rs.family, &render(rs), RestoreMode::Replace, &lock.file())?;
+        for (family, payload) in &payloads {
+            restore(backend, *family, payload, RestoreMode::Replace, &lock.file())?;
         }
         Ok(routing::program_sidecar(plan)?)
     })?

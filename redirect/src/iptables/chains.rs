@@ -5,7 +5,7 @@
 
 use super::error::IptablesError;
 use super::flavour::IptablesBackend;
-use super::render::render_rule;
+use super::render::{chain_name, render_rule};
 use super::restore::{restore, save, RestoreMode, XtablesLock};
 use crate::model::{is_builtin_chain, Family, RuleSet, Table};
 
@@ -19,6 +19,15 @@ pub(crate) fn program(
     rules: Option<&RuleSet>,
     owned: Owned<'_>,
 ) -> Result<(), IptablesError> {
+    // Rendered before anything is read or run: a refused name leaves the netns untouched.
+    let rendered: Vec<(Table, Vec<String>)> = rules
+        .iter()
+        .flat_map(|rs| rs.tables.iter())
+        .map(|t| Ok((t.table, t.rules.iter().map(render_rule).collect::<Result<_, _>>()?)))
+        .collect::<Result<_, IptablesError>>()?;
+    for chain in rules.iter().flat_map(|rs| rs.tables.iter().flat_map(|t| t.chains.iter())) {
+        chain_name(chain)?;
+    }
     let lock = XtablesLock::new()?;
     let lockfile = lock.file();
     let mut tables: Vec<Table> = owned.iter().map(|(t, _)| *t).collect();
@@ -58,7 +67,7 @@ pub(crate) fn program(
         for chain in ours.iter().filter(|c| existing.contains(c) && !wanted.contains(c)) {
             block.push(format!("-X {chain}"));
         }
-        block.extend(planned.iter().flat_map(|t| t.rules.iter().map(render_rule)));
+        block.extend(rendered.iter().filter(|(t, _)| *t == table).flat_map(|(_, lines)| lines.iter().cloned()));
         if !block.is_empty() {
             payload += &format!("* {}\n{}\nCOMMIT\n", table.name(), block.join("\n"));
         }

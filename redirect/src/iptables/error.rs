@@ -2,6 +2,7 @@
 
 use std::process::ExitStatus;
 
+use istio_contract::validate::InvalidValue;
 use netns::NetnsError;
 
 use crate::model::Family;
@@ -44,6 +45,9 @@ pub enum IptablesError {
     /// `FORCE_IPTABLES_BINARY` names something we do not know.
     #[error("unsupported FORCE_IPTABLES_BINARY value {0:?} (want iptables, iptables-legacy or iptables-nft)")]
     UnknownForcedBinary(String),
+    /// A rule holds a name that is not one plain word for `iptables-restore` (never rendered, never truncated).
+    #[error("refusing to render the rules: {0}")]
+    Refused(#[from] InvalidValue),
     /// The policy-routing step after the rules (IPv6 passthrough address, TPROXY or connmark routing) failed.
     #[error(transparent)]
     Routing(#[from] RoutingError),

@@ -1,5 +1,6 @@
 //! Errors of the native nftables backend.
 
+use istio_contract::validate::InvalidValue;
 use netns::NetnsError;
 
 use crate::routing::RoutingError;
@@ -60,6 +61,9 @@ pub enum NftError {
         /// Chain of the rule.
         chain: String,
     },
+    /// A rule holds a name outside the allowed set or over its length limit (never truncated, never sent).
+    #[error("refusing to encode the rules: {0}")]
+    Refused(#[from] InvalidValue),
     /// The rtnetlink step (IPv6 passthrough address, TPROXY policy routing) failed.
     #[error(transparent)]
     Routing(#[from] RoutingError),

@@ -1,6 +1,10 @@
 //! Encodes rule [`Stmt`]s as nf_tables expressions (the kernel's register machine), the way nft does.
+//!
+//! Names (interfaces, chains, sets, owners) are checked with [`istio_contract::validate`] as they are encoded:
+//! an interface name the kernel would not accept is an error, never cut to fit the 16-byte compare.
 
 use ipnet::IpNet;
+use istio_contract::validate::{self, MAX_INTERFACE_NAME, MAX_NFT_NAME};
 
 use crate::model::{CtState, Family, OwnerId, Protocol};
 
@@ -74,6 +78,8 @@ const NFPROTO_UNSPEC: u8 = 0;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 const IFNAMSIZ: usize = 16;
+// A valid name and its NUL always fit the compare.
+const _: () = assert!(MAX_INTERFACE_NAME < IFNAMSIZ);
 
 /// The kernel's name of the expression module `stmt` needs beyond the core ones, for error messages.
 pub(super) fn feature(stmt: &Stmt) -> Option<&'static str> {
@@ -101,13 +107,11 @@ pub(super) fn encode(w: &mut Writer, stmts: &[Stmt]) -> Result<(), NftError> {
 
 fn stmt(w: &mut Writer, s: &Stmt) -> Result<(), NftError> {
     match s {
-        Stmt::Iifname(n) => ifname(w, NFT_META_IIFNAME, n),
-        Stmt::Oifname(n) => ifname(w, NFT_META_OIFNAME, n),
-        Stmt::NotOifname(n) => {
-            meta_load(w, NFT_META_OIFNAME);
-            cmp(w, NFT_CMP_NEQ, &ifname_bytes(n));
-        }
+        Stmt::Iifname(n) => ifname(w, NFT_META_IIFNAME, NFT_CMP_EQ, n)?,
+        Stmt::Oifname(n) => ifname(w, NFT_META_OIFNAME, NFT_CMP_EQ, n)?,
+        Stmt::NotOifname(n) => ifname(w, NFT_META_OIFNAME, NFT_CMP_NEQ, n)?,
         Stmt::AddrInSet { field, family, set } => {
+            let set = validate::identifier(set, MAX_NFT_NAME)?;
             let (nfproto, offset, len) = match (family, field) {
                 (Family::V4, AddrField::Saddr) => (NFPROTO_IPV4, 12, 4),
                 (Family::V4, AddrField::Daddr) => (NFPROTO_IPV4, 16, 4),
@@ -162,7 +166,7 @@ fn stmt(w: &mut Writer, s: &Stmt) -> Result<(), NftError> {
             w.be64(NFTA_COUNTER_BYTES, 0);
             w.be64(NFTA_COUNTER_PACKETS, 0);
         }),
-        Stmt::Jump(chain) => verdict(w, NFT_JUMP as u32, Some(chain)),
+        Stmt::Jump(chain) => verdict(w, NFT_JUMP as u32, Some(validate::identifier(chain, MAX_NFT_NAME)?)),
         Stmt::Return => verdict(w, NFT_RETURN as u32, None),
         Stmt::Accept => verdict(w, NF_ACCEPT, None),
         Stmt::Drop => verdict(w, NF_DROP, None),
@@ -261,9 +265,9 @@ fn ct_state_bit(s: CtState) -> u32 {
 fn resolve(id: &OwnerId, kind: &'static str) -> Result<u32, NftError> {
     let name = match id {
         OwnerId::Id(n) => return Ok(*n),
-        OwnerId::Name(name) => name,
+        OwnerId::Name(name) => validate::identifier(name, MAX_NFT_NAME)?,
     };
-    let unknown = || NftError::UnknownOwner { kind, name: name.clone() };
+    let unknown = || NftError::UnknownOwner { kind, name: name.to_owned() };
     let found = match kind {
         "user" => nix::unistd::User::from_name(name).ok().flatten().map(|u| u.uid.as_raw()),
         _ => nix::unistd::Group::from_name(name).ok().flatten().map(|g| g.gid.as_raw()),
@@ -359,16 +363,20 @@ fn verdict(w: &mut Writer, code: u32, chain: Option<&str>) {
     });
 }
 
-fn ifname_bytes(name: &str) -> [u8; IFNAMSIZ] {
+/// The interface name NUL-padded to the kernel's 16 bytes; a name it would not accept is refused, not cut.
+fn ifname_bytes(name: &str) -> Result<[u8; IFNAMSIZ], NftError> {
+    let name = validate::interface_name(name)?;
     let mut bytes = [0u8; IFNAMSIZ];
-    let n = name.len().min(IFNAMSIZ - 1);
-    bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
-    bytes
+    bytes[..name.len()].copy_from_slice(name.as_bytes());
+    Ok(bytes)
 }
 
-fn ifname(w: &mut Writer, key: u32, name: &str) {
+/// `iifname|oifname [!=] NAME`.
+fn ifname(w: &mut Writer, key: u32, op: u32, name: &str) -> Result<(), NftError> {
+    let bytes = ifname_bytes(name)?;
     meta_load(w, key);
-    cmp(w, NFT_CMP_EQ, &ifname_bytes(name));
+    cmp(w, op, &bytes);
+    Ok(())
 }
 
 /// `ip[6] saddr|daddr [!=] net`: family check, then the (prefix-shortened or masked) address compare, as nft does.
@@ -402,4 +410,38 @@ fn masked_cmp(w: &mut Writer, value: u32, mask: Option<u32>, negate: bool) {
         bitwise(w, &mask.to_ne_bytes(), &[0; 4]);
     }
     cmp(w, op(negate), &value.to_ne_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(stmts: &[Stmt]) -> Result<Vec<u8>, NftError> {
+        let mut w = Writer::default();
+        encode(&mut w, stmts)?;
+        Ok(w.bytes().to_vec())
+    }
+
+    #[test]
+    fn names_outside_the_allowed_set_are_refused_never_truncated() {
+        let bad = [
+            Stmt::Iifname("abcdefghijklmnop".into()),
+            Stmt::Oifname("eth9\n-I OUTPUT -j ACCEPT".into()),
+            Stmt::NotOifname("eth0 x".into()),
+            Stmt::Iifname(String::new()),
+            Stmt::Jump("istio-output\n".into()),
+            Stmt::AddrInSet { field: AddrField::Daddr, family: Family::V4, set: "a b".into() },
+            Stmt::SkGid { id: OwnerId::Name("g\n".into()), negate: false },
+        ];
+        for s in bad {
+            assert!(matches!(encoded(std::slice::from_ref(&s)), Err(NftError::Refused(_))), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn a_15_byte_interface_name_is_compared_whole_with_its_nul() {
+        let bytes = encoded(&[Stmt::Iifname("abcdefghijklmno".into())]).unwrap();
+        let needle = b"abcdefghijklmno\0";
+        assert!(bytes.windows(needle.len()).any(|w| w == needle), "the whole name and its NUL are compared");
+    }
 }

@@ -1,6 +1,7 @@
 //! One request and its answers on a NETLINK_NETFILTER socket of the calling thread's netns: a dump
 //! (nf_tables tables or set elements, ipset entries) or an acknowledged ipset command. Every data message is
-//! handed to the caller until the kernel ends the exchange.
+//! handed to the caller until the kernel ends the exchange; a kernel that stays silent for the socket's receive
+//! timeout ([`netns::netlink::RECV_TIMEOUT`]) ends it with an error.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -54,12 +55,14 @@ pub(crate) fn exchange_on(
     }
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        // SAFETY: `buf` is writable for its length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(NftError::Socket { what: steps.receive, source: io::Error::last_os_error() });
+        // Blocks at most the socket's receive timeout: a kernel that never answers is an error, not a hang.
+        let n =
+            netns::netlink::recv(fd, &mut buf).map_err(|source| NftError::Socket { what: steps.receive, source })?;
+        if n == 0 {
+            let source = io::Error::new(io::ErrorKind::UnexpectedEof, "the socket returned no data");
+            return Err(NftError::Socket { what: steps.receive, source });
         }
-        let mut data = &buf[..n as usize];
+        let mut data = &buf[..n];
         while data.len() >= NLMSG_HDRLEN {
             let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
             let ty = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
@@ -76,5 +79,27 @@ pub(crate) fn exchange_on(
             }
             data = &data[(len + 3) & !3..];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::attr::Writer;
+    use super::*;
+
+    #[test]
+    fn a_kernel_that_never_answers_ends_the_exchange_with_a_timeout_error() {
+        let fd = open().unwrap();
+        netns::netlink::set_recv_timeout(fd.as_fd(), Duration::from_millis(100)).unwrap();
+        // Without NLM_F_REQUEST (and NLM_F_ACK) the kernel takes the message and never answers it.
+        let mut w = Writer::default();
+        w.message((10 << 8) | 1, 0, 1, 0, 0, |_| {});
+        let steps = Steps { send: "send table dump request", receive: "receive table dump" };
+        let err = exchange_on(fd.as_fd(), w.bytes(), steps, |_, _| {}).unwrap_err();
+        let NftError::Socket { what, source } = &err else { panic!("not a socket error: {err}") };
+        assert_eq!((*what, source.kind()), ("receive table dump", io::ErrorKind::TimedOut), "{err}");
+        assert!(err.to_string().contains("no netlink answer within 100ms"), "{err}");
     }
 }

@@ -1,7 +1,7 @@
 //! A NETLINK_NETFILTER socket that sends one batch and checks every acknowledgement.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use super::msg::Batch;
 use super::NftError;
@@ -27,15 +27,10 @@ fn check(ret: libc::c_int, what: &'static str) -> Result<libc::c_int, NftError> 
     }
 }
 
-/// Opens a netfilter netlink socket in the calling thread's netns (closed on drop).
+/// Opens a netfilter netlink socket in the calling thread's netns (closed on drop), with the receive timeout
+/// every netlink socket of ours has ([`netns::netlink::RECV_TIMEOUT`]).
 pub(crate) fn open() -> Result<OwnedFd, NftError> {
-    // SAFETY: plain socket(2) call; the returned descriptor is owned right away.
-    let fd = check(
-        unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) },
-        "open NETLINK_NETFILTER socket",
-    )?;
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = netns::netlink::socket(NETLINK_NETFILTER).map_err(sock_err("open NETLINK_NETFILTER socket"))?;
     let one: libc::c_int = 1;
     for (level, name, value, what) in [
         (SOL_NETLINK, NETLINK_CAP_ACK, one, "set NETLINK_CAP_ACK"),
@@ -53,18 +48,6 @@ pub(crate) fn open() -> Result<OwnedFd, NftError> {
         };
         check(ret, what)?;
     }
-    // SAFETY: a zeroed sockaddr_nl is valid (pid 0: the kernel assigns one).
-    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    // SAFETY: `addr` is a valid sockaddr_nl of the given length.
-    let ret = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_nl).cast(),
-            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    check(ret, "bind netlink socket")?;
     Ok(fd)
 }
 

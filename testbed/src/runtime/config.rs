@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::error::RuntimeError;
 
@@ -34,6 +34,45 @@ impl NetworkConfigList {
         let text = std::fs::read(path).map_err(|e| config_err(&name, e.to_string()))?;
         let raw: Value = serde_json::from_slice(&text).map_err(|e| config_err(&name, e.to_string()))?;
         Self::parse(raw, &name)
+    }
+
+    /// Loads the network a runtime takes from the conf dir `dir`, as containerd does through libcni: of the
+    /// files libcni's `ConfFiles` lists (`.conf`, `.conflist`, `.json`; no dirs), in lexical order, the first.
+    /// A `.conflist` loads as a list; any other one as a single plugin config, which needs a `type` (so a list
+    /// in a `.conf` does not load) and is wrapped into a list of its own `name` and `cniVersion`, as libcni's
+    /// `ConfListFromConf`. Containerd stops at a first file that does not load and the node stays NotReady, so
+    /// this errors too instead of trying the next file. Returns the file and the list.
+    pub fn from_conf_dir(dir: &Path) -> Result<(PathBuf, Self), RuntimeError> {
+        let dir_name = dir.display().to_string();
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| config_err(&dir_name, e.to_string()))? {
+            let entry = entry.map_err(|e| config_err(&dir_name, e.to_string()))?;
+            let path = entry.path();
+            let listed = path.extension().is_some_and(|e| e == "conf" || e == "conflist" || e == "json");
+            if listed && !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                files.push(path);
+            }
+        }
+        files.sort();
+        let first = files.into_iter().next().ok_or_else(|| config_err(&dir_name, "no network config found"))?;
+        let list = Self::from_conf_file(&first)?;
+        Ok((first, list))
+    }
+
+    /// Reads one file of a conf dir the way libcni does by its name: a `.conflist` as a list, anything else as
+    /// a single plugin config with a `type`, wrapped into a list of its own `name` and `cniVersion`.
+    pub fn from_conf_file(path: &Path) -> Result<Self, RuntimeError> {
+        if path.extension().is_some_and(|e| e == "conflist") {
+            return Self::from_file(path);
+        }
+        let name = path.display().to_string();
+        let text = std::fs::read(path).map_err(|e| config_err(&name, e.to_string()))?;
+        let conf: Value = serde_json::from_slice(&text).map_err(|e| config_err(&name, e.to_string()))?;
+        if conf.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+            return Err(config_err(&name, "missing 'type' in a single plugin config (a list in a .conf?)"));
+        }
+        let list = json!({"cniVersion": conf.get("cniVersion"), "name": conf.get("name"), "plugins": [conf]});
+        Self::parse(list, &name)
     }
 
     fn parse(raw: Value, source_name: &str) -> Result<Self, RuntimeError> {
@@ -144,6 +183,31 @@ mod tests {
         let err =
             NetworkConfigList::from_value(json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{}]})).unwrap_err();
         assert!(err.to_string().contains("plugins[0]"), "{err}");
+    }
+
+    #[test]
+    fn a_conf_dir_loads_its_first_file_like_libcni() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, v: Value| std::fs::write(dir.path().join(name), v.to_string()).unwrap();
+        let single = json!({"cniVersion": "1.0.0", "name": "single", "type": "bridge"});
+        write("20-list.conflist", json!({"cniVersion": "1.0.0", "name": "list", "plugins": [{"type": "b"}]}));
+        write(".tmp-99", single.clone());
+        write("00-notes.txt", single.clone());
+        std::fs::create_dir(dir.path().join("00-dir.conf")).unwrap();
+        let (file, list) = NetworkConfigList::from_conf_dir(dir.path()).unwrap();
+        assert_eq!((file.file_name().unwrap().to_str(), list.name.as_str()), (Some("20-list.conflist"), "list"));
+
+        write("10-single.conf", single);
+        let (file, list) = NetworkConfigList::from_conf_dir(dir.path()).unwrap();
+        assert!(file.ends_with("10-single.conf"));
+        assert_eq!(
+            (list.name.as_str(), list.cni_version.as_str(), plugin_type(&list.plugins[0])),
+            ("single", "1.0.0", "bridge")
+        );
+
+        write("05-list-in-a.conf", json!({"cniVersion": "1.0.0", "name": "l", "plugins": [{"type": "b"}]}));
+        let err = NetworkConfigList::from_conf_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("05-list-in-a.conf") && err.contains("type"), "{err}");
     }
 
     #[test]

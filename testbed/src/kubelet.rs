@@ -1,0 +1,80 @@
+//! "The node's kubelet is running": a real process the node agent finds through `/proc` the way it finds the
+//! kubelet on a node (a process named `kubelet` whose command line mentions kubelet), running as
+//! [`KUBELET_UID`]. In nftables mode the agent's host probe rule SNATs only that uid's sockets, so a test that
+//! stands in for a kubelet probe connects as that uid.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use tempfile::TempDir;
+
+use crate::wait::eventually;
+
+/// The uid the test node's kubelet runs as. Not root, so a host probe rule that fell back to root's uid would miss
+/// its probes; not the proxy's 1337 nor a test app's uid.
+pub const KUBELET_UID: u32 = 4040;
+
+/// How long the stand-in kubelet lives if its guard never runs (the test process was killed).
+const LIFETIME_SECS: &str = "3600";
+
+/// A copy of `sleep` named `kubelet`, started as [`KUBELET_UID`] (gid the same); killed, reaped and removed on
+/// drop, also when the test panics.
+#[derive(Debug)]
+pub struct Kubelet {
+    child: Child,
+    _dir: TempDir,
+}
+
+impl Kubelet {
+    /// Starts it; returns once `/proc` shows it under its name with its uid.
+    #[track_caller]
+    pub fn start() -> Self {
+        let dir = tempfile::Builder::new().prefix("kubelet-").tempdir().expect("kubelet dir");
+        // The kubelet's uid must reach and run the binary.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod kubelet dir");
+        let bin = dir.path().join("kubelet");
+        std::fs::copy(sleep_binary(), &bin).expect("copy sleep to kubelet");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod kubelet");
+        let child = Command::new(&bin)
+            .arg(LIFETIME_SECS)
+            .uid(KUBELET_UID)
+            .gid(KUBELET_UID)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the stand-in kubelet");
+        let pid = child.id();
+        eventually("the stand-in kubelet shows in /proc under its name and uid", || {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok());
+            (comm.trim_end() == "kubelet" && uid == Some(KUBELET_UID)).then_some(())
+        });
+        Self { child, _dir: dir }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `sleep` as found on `PATH` (a standalone binary on every distribution we run on, so a copy under another name
+/// still sleeps).
+fn sleep_binary() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("sleep"))
+        .find(|candidate| candidate.is_file())
+        .expect("sleep on PATH")
+}
