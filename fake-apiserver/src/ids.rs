@@ -5,8 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// A pseudo-random 64-bit value that differs per call, per process and per run.
-fn next_random() -> u64 {
+/// A pseudo-random 64-bit value that differs per call, per process and per run (not for secrets).
+pub(crate) fn next_random() -> u64 {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or_default();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     // splitmix64 finaliser over the mixed inputs.
@@ -47,6 +47,22 @@ pub(crate) fn name_suffix() -> String {
 pub(crate) fn now_rfc3339() -> String {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
     rfc3339(secs)
+}
+
+/// The time `after` from now, in the format of [`now_rfc3339`] (e.g. a `deletionTimestamp`).
+pub(crate) fn rfc3339_after(after: std::time::Duration) -> String {
+    let secs = (SystemTime::now() + after).duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
+    rfc3339(secs)
+}
+
+/// Microseconds since the Unix epoch.
+pub(crate) fn unix_micros() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or_default()
+}
+
+/// A uniformly distributed value in `[0, 1)`.
+pub(crate) fn unit_random() -> f64 {
+    (next_random() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn rfc3339(unix_secs: u64) -> String {

@@ -23,10 +23,20 @@ pub(crate) struct ResourceKind {
     pub has_generation: bool,
     /// Short names advertised in discovery.
     pub short_names: &'static [&'static str],
+    /// Whether the kind has a `status` subresource.
+    pub has_status: bool,
+    /// The fields a `fieldSelector` may name for this kind on a real apiserver.
+    pub selectable_fields: &'static [&'static str],
 }
 
+/// What every kind without its own field set supports.
+const META_FIELDS: &[&str] = &["metadata.name", "metadata.namespace"];
+
+/// The RBAC API group.
+pub(crate) const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+
 /// Every kind the fake serves.
-pub(crate) static KINDS: [ResourceKind; 4] = [
+pub(crate) static KINDS: [ResourceKind; 10] = [
     ResourceKind {
         kind: "Pod",
         list_kind: "PodList",
@@ -37,6 +47,19 @@ pub(crate) static KINDS: [ResourceKind; 4] = [
         namespaced: true,
         has_generation: false,
         short_names: &["po"],
+        has_status: true,
+        selectable_fields: &[
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
     },
     ResourceKind {
         kind: "Namespace",
@@ -48,6 +71,8 @@ pub(crate) static KINDS: [ResourceKind; 4] = [
         namespaced: false,
         has_generation: false,
         short_names: &["ns"],
+        has_status: true,
+        selectable_fields: &["metadata.name", "status.phase"],
     },
     ResourceKind {
         kind: "Node",
@@ -59,6 +84,8 @@ pub(crate) static KINDS: [ResourceKind; 4] = [
         namespaced: false,
         has_generation: false,
         short_names: &["no"],
+        has_status: true,
+        selectable_fields: &["metadata.name", "spec.unschedulable"],
     },
     ResourceKind {
         kind: "DaemonSet",
@@ -70,6 +97,86 @@ pub(crate) static KINDS: [ResourceKind; 4] = [
         namespaced: true,
         has_generation: true,
         short_names: &["ds"],
+        has_status: true,
+        selectable_fields: META_FIELDS,
+    },
+    ResourceKind {
+        kind: "ServiceAccount",
+        list_kind: "ServiceAccountList",
+        plural: "serviceaccounts",
+        singular: "serviceaccount",
+        group: "",
+        api_version: "v1",
+        namespaced: true,
+        has_generation: false,
+        short_names: &["sa"],
+        has_status: false,
+        selectable_fields: META_FIELDS,
+    },
+    ResourceKind {
+        kind: "ConfigMap",
+        list_kind: "ConfigMapList",
+        plural: "configmaps",
+        singular: "configmap",
+        group: "",
+        api_version: "v1",
+        namespaced: true,
+        has_generation: false,
+        short_names: &["cm"],
+        has_status: false,
+        selectable_fields: META_FIELDS,
+    },
+    ResourceKind {
+        kind: "ClusterRole",
+        list_kind: "ClusterRoleList",
+        plural: "clusterroles",
+        singular: "clusterrole",
+        group: RBAC_GROUP,
+        api_version: "rbac.authorization.k8s.io/v1",
+        namespaced: false,
+        has_generation: false,
+        short_names: &[],
+        has_status: false,
+        selectable_fields: META_FIELDS,
+    },
+    ResourceKind {
+        kind: "ClusterRoleBinding",
+        list_kind: "ClusterRoleBindingList",
+        plural: "clusterrolebindings",
+        singular: "clusterrolebinding",
+        group: RBAC_GROUP,
+        api_version: "rbac.authorization.k8s.io/v1",
+        namespaced: false,
+        has_generation: false,
+        short_names: &[],
+        has_status: false,
+        selectable_fields: META_FIELDS,
+    },
+    ResourceKind {
+        kind: "Role",
+        list_kind: "RoleList",
+        plural: "roles",
+        singular: "role",
+        group: RBAC_GROUP,
+        api_version: "rbac.authorization.k8s.io/v1",
+        namespaced: true,
+        has_generation: false,
+        short_names: &[],
+        has_status: false,
+        selectable_fields: META_FIELDS,
+    },
+    ResourceKind {
+        kind: "RoleBinding",
+        list_kind: "RoleBindingList",
+        plural: "rolebindings",
+        singular: "rolebinding",
+        group: RBAC_GROUP,
+        api_version: "rbac.authorization.k8s.io/v1",
+        namespaced: true,
+        has_generation: false,
+        short_names: &[],
+        has_status: false,
+        selectable_fields: META_FIELDS,
     },
 ];
 
@@ -107,17 +214,34 @@ pub(crate) fn core_versions() -> Value {
     })
 }
 
+/// The named API groups served (the core group is not among them), in discovery order.
+pub(crate) fn groups() -> Vec<&'static str> {
+    let mut groups: Vec<&'static str> = Vec::new();
+    for k in KINDS.iter().filter(|k| !k.group.is_empty()) {
+        if !groups.contains(&k.group) {
+            groups.push(k.group);
+        }
+    }
+    groups
+}
+
 /// `GET /apis`.
 pub(crate) fn group_list() -> Value {
-    let version = json!({"groupVersion": "apps/v1", "version": "v1"});
+    let groups: Vec<Value> = groups()
+        .into_iter()
+        .map(|g| {
+            let version = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
+            json!({"name": g, "versions": [version.clone()], "preferredVersion": version})
+        })
+        .collect();
     json!({
         "kind": "APIGroupList",
         "apiVersion": "v1",
-        "groups": [{"name": "apps", "versions": [version.clone()], "preferredVersion": version}]
+        "groups": groups
     })
 }
 
-/// `GET /api/v1` or `GET /apis/apps/v1`: the resources of one group, including `status` subresources.
+/// `GET /api/v1` or `GET /apis/<group>/v1`: the resources of one group, including `status` subresources.
 pub(crate) fn resource_list(group: &str) -> Value {
     let verbs = json!(["create", "delete", "get", "list", "patch", "update", "watch"]);
     let mut resources = Vec::new();
@@ -130,15 +254,17 @@ pub(crate) fn resource_list(group: &str) -> Value {
             "verbs": verbs,
             "shortNames": k.short_names,
         }));
-        resources.push(json!({
-            "name": format!("{}/status", k.plural),
-            "singularName": "",
-            "namespaced": k.namespaced,
-            "kind": k.kind,
-            "verbs": ["get", "patch", "update"],
-        }));
+        if k.has_status {
+            resources.push(json!({
+                "name": format!("{}/status", k.plural),
+                "singularName": "",
+                "namespaced": k.namespaced,
+                "kind": k.kind,
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
     }
-    let group_version = if group.is_empty() { "v1" } else { "apps/v1" };
+    let group_version = if group.is_empty() { "v1".to_string() } else { format!("{group}/v1") };
     json!({
         "kind": "APIResourceList",
         "apiVersion": "v1",

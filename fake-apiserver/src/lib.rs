@@ -1,33 +1,85 @@
-//! A fake Kubernetes API server for tests: plain HTTP, real REST and watch protocol, in-memory objects.
+//! A fake Kubernetes API server for tests: real REST and watch protocol, in-memory objects, as lenient or as
+//! strict as a test needs.
 //!
-//! It serves core/v1 pods (with `status`), namespaces and nodes and apps/v1 daemonsets well enough for
-//! the `kube` client (`Api`, `runtime::watcher`, reflectors) and anything else that speaks the API.
-//! Tests drive it through [`FakeApiServer`] (or a [`Cluster`]), the binary through [`serve`].
+//! It serves core/v1 pods, namespaces, nodes (each with `status`), service accounts and config maps,
+//! apps/v1 daemonsets and rbac.authorization.k8s.io/v1 roles and bindings, well enough for the `kube`
+//! client (`Api`, `runtime::watcher`, reflectors) and anything else that speaks the API. Tests drive it
+//! through [`FakeApiServer`] (or a [`Cluster`]), the binary through [`serve`].
+//!
+//! # Lenient by default, strict on request
+//!
+//! [`Config::default`] is the server the suite has always used: plain http, any token, no RBAC, instant
+//! deletion, no server-side watch timeout, 10,000 events of history and a bookmark every second to watches
+//! that ask. [`Config::strict`] turns on every behaviour of a real kube-apiserver our binaries could notice;
+//! each is also its own option (the table in [`config`] lists every option, flag and default):
+//!
+//! - **TLS** ([`Config::tls`]): https with the fake's own CA; [`Config::state_dir`] keeps the CA, serving
+//!   certificate and token-signing key, so a restarted server is trusted by its old clients and accepts
+//!   their tokens. Kubeconfigs from [`FakeApiServer::kubeconfig_yaml`] carry the CA and a token.
+//! - **Authentication** ([`Config::authentication`]): a bearer token is required (401 otherwise). Tokens come
+//!   from [`FakeApiServer::service_account_token`] / [`Cluster::token_for`]; [`Cluster::rotate_token`] retires
+//!   a subject's older tokens after [`Config::token_rotation_grace`].
+//! - **RBAC** ([`Config::rbac`]): the stored ClusterRoles, Roles and their bindings are enforced (403 with a
+//!   `Status` body). Every request is logged with its verb, user and status ([`Cluster::requests`], and
+//!   `GET /fake/requests`), so a test can assert that nothing was refused.
+//! - **Graceful deletion** ([`Config::graceful_deletion`]): `deletionTimestamp`, grace periods and finalizers.
+//! - **Watches** ([`WatchConfig`]): server-side timeouts, compacted history (410 for expired versions, also
+//!   for versions the server never issued) and the bookmark interval.
+//! - **Field selectors** ([`Config::strict_field_selectors`]): only the real server's fields per kind.
+//! - **Throttling** ([`Cluster::set_throttle`]): 429 with `Retry-After` on request.
+//!
+//! Always as the real server, whatever the configuration: strategic-merge and JSON patches have their own
+//! semantics (not merge), unknown patch types get 415, and a paged list is one consistent snapshot (its
+//! continue token pins the resourceVersion; once compacted away the token gets 410).
+//!
+//! # Test endpoints
+//!
+//! For tests that run the binary, the library's controls are also served under `/fake/` (no token needed,
+//! not recorded in the request log; a real server has no such paths):
+//!
+//! | request | effect |
+//! |---|---|
+//! | `GET /fake/requests` | the request log, a JSON array of [`RequestRecord`] |
+//! | `DELETE /fake/requests` | forget the request log |
+//! | `PUT /fake/throttle` `{"next": N, "retryAfterSeconds": S}` | the next N API requests get 429 |
+//! | `PUT /fake/throttle` `{"fraction": F, "retryAfterSeconds": S}` | each API request gets 429 with probability F |
+//! | `DELETE /fake/throttle` | stop throttling |
+//! | `POST /fake/tokens` `{"serviceAccount": "NS/NAME"}` or `{"user": U, "groups": [..]}` | `{"token": …}` |
+//! | `POST /fake/tokens/rotate` (same body) | a new token; older ones expire after the rotation grace |
+//! | `POST /fake/compact` | compact the history: older resourceVersions get 410 |
+//! | `POST /fake/drop-watches` | end every open watch |
 
+pub mod config;
+
+mod auth;
 mod cluster;
+mod debug;
+mod fake;
 mod ids;
 mod kinds;
 mod kubeconfig;
 mod patch;
 mod query;
+mod rbac;
 mod routes;
 mod seed;
 mod selectors;
 mod server;
+mod state;
 mod status;
 mod store;
+mod tls;
 mod watch;
 
-pub use cluster::{Cluster, Fault, RequestRecord};
-pub use kubeconfig::kubeconfig_yaml;
+pub use auth::{User, ADMIN_USER, MASTERS_GROUP};
+pub use cluster::{Cluster, Fault, RequestRecord, Throttle};
+pub use config::{Config, WatchConfig};
+pub use fake::{Builder, FakeApiServer};
+pub use kubeconfig::{kubeconfig_yaml, kubeconfig_yaml_with};
 pub use seed::parse_objects;
 pub use server::serve;
 
-use serde_json::Value;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
-use tokio::sync::oneshot;
 
 /// Everything that can go wrong starting or controlling a fake server.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +88,7 @@ pub enum Error {
     #[error("binding the fake apiserver to {addr}: {source}")]
     Bind {
         /// The address asked for.
-        addr: SocketAddr,
+        addr: std::net::SocketAddr,
         /// Why binding failed.
         source: std::io::Error,
     },
@@ -60,6 +112,17 @@ pub enum Error {
         /// Why writing failed.
         source: std::io::Error,
     },
+    /// A file in the state directory could not be read or written.
+    #[error("state file {path}: {source}")]
+    State {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// A certificate, key or TLS configuration could not be made or read.
+    #[error("TLS material: {0}")]
+    Certificate(String),
 }
 
 /// Writes `contents` to `path` atomically (temp file + rename), so pollers never see a partial file.
@@ -69,132 +132,4 @@ pub fn write_file_atomically(path: &Path, contents: &str) -> Result<(), Error> {
     tmp.push(".tmp");
     std::fs::write(&tmp, contents).map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)
-}
-
-/// A fake apiserver running on its own thread and runtime, so plain `#[test]`s can use it.
-/// Dropping it stops the server and ends all open connections.
-#[derive(Debug)]
-pub struct FakeApiServer {
-    addr: SocketAddr,
-    cluster: Cluster,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl FakeApiServer {
-    /// Starts an empty server on an ephemeral port of 127.0.0.1.
-    pub fn start() -> Result<FakeApiServer, Error> {
-        FakeApiServer::start_on(SocketAddr::from(([127, 0, 0, 1], 0)))
-    }
-
-    /// Starts an empty server on `addr` (port 0 picks a free port).
-    pub fn start_on(addr: SocketAddr) -> Result<FakeApiServer, Error> {
-        let listener = std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
-        FakeApiServer::start_with_listener(listener)
-    }
-
-    /// Serves on an already bound listener, e.g. one created inside a test's "node" network namespace so
-    /// that plugins running there reach the server on that namespace's loopback.
-    pub fn start_with_listener(listener: std::net::TcpListener) -> Result<FakeApiServer, Error> {
-        let addr = SocketAddr::from(([0, 0, 0, 0], 0));
-        let bound = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
-        listener.set_nonblocking(true).map_err(|source| Error::Bind { addr, source })?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
-        let cluster = Cluster::new();
-        let (shutdown, stop) = oneshot::channel::<()>();
-        let served = cluster.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("fake-apiserver-{}", bound.port()))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => serve(listener, served, async { stop.await.unwrap_or(()) }).await,
-                        Err(e) => tracing::error!("fake apiserver listener unusable: {e}"),
-                    }
-                });
-            })
-            .map_err(Error::Runtime)?;
-        Ok(FakeApiServer { addr: bound, cluster, shutdown: Some(shutdown), thread: Some(thread) })
-    }
-
-    /// The address the server listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Base URL, e.g. `http://127.0.0.1:34567`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// The served cluster, cloneable to hand to other threads.
-    pub fn cluster(&self) -> &Cluster {
-        &self.cluster
-    }
-
-    /// A kubeconfig pointing at this server.
-    pub fn kubeconfig_yaml(&self) -> String {
-        kubeconfig_yaml(&self.url())
-    }
-
-    /// Writes [`Self::kubeconfig_yaml`] to `path`.
-    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), Error> {
-        write_file_atomically(path, &self.kubeconfig_yaml())
-    }
-
-    /// See [`Cluster::upsert`].
-    pub fn upsert(&self, obj: Value) -> Result<Value, Error> {
-        self.cluster.upsert(obj)
-    }
-
-    /// See [`Cluster::delete`].
-    pub fn delete(&self, kind: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
-        self.cluster.delete(kind, namespace, name)
-    }
-
-    /// See [`Cluster::get`].
-    pub fn get(&self, kind: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
-        self.cluster.get(kind, namespace, name)
-    }
-
-    /// See [`Cluster::compact`].
-    pub fn compact(&self) {
-        self.cluster.compact();
-    }
-
-    /// See [`Cluster::drop_watches`].
-    pub fn drop_watches(&self) {
-        self.cluster.drop_watches();
-    }
-
-    /// See [`Cluster::open_watches`].
-    pub fn open_watches(&self, kind: &str) -> usize {
-        self.cluster.open_watches(kind)
-    }
-
-    /// See [`Cluster::requests`].
-    pub fn requests(&self) -> Vec<RequestRecord> {
-        self.cluster.requests()
-    }
-
-    /// See [`Cluster::clear_requests`].
-    pub fn clear_requests(&self) {
-        self.cluster.clear_requests();
-    }
-
-    /// See [`Cluster::set_fault`].
-    pub fn set_fault(&self, fault: Option<Fault>) {
-        self.cluster.set_fault(fault);
-    }
-}
-
-impl Drop for FakeApiServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
 }

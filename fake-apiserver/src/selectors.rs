@@ -1,5 +1,6 @@
 //! Label and field selectors, parsed from the `labelSelector` / `fieldSelector` query parameters.
 
+use crate::kinds::ResourceKind;
 use serde_json::Value;
 
 /// One requirement of a label selector; all requirements of a selector must hold (comma = AND).
@@ -129,8 +130,18 @@ impl LabelSelector {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct FieldSelector(Vec<(String, bool, String)>);
 
-/// The string value of a dotted field path as the apiserver's field sets expose it ("" when unset).
+/// The string value of a dotted field path as the apiserver's field sets expose it ("" when unset; booleans
+/// the real server always sets read "false" when unset, and a pod's `status.podIP` falls back to `podIPs`).
 fn field_value(obj: &Value, path: &str) -> String {
+    match path {
+        "spec.hostNetwork" | "spec.unschedulable" if obj.pointer(&format!("/{}", path.replace('.', "/"))).is_none() => {
+            return "false".to_string()
+        }
+        "status.podIP" if obj.pointer("/status/podIP").is_none() => {
+            return obj.pointer("/status/podIPs/0/ip").and_then(Value::as_str).unwrap_or_default().to_string()
+        }
+        _ => {}
+    }
     let mut cur = obj;
     for part in path.split('.') {
         match cur.get(part) {
@@ -170,6 +181,14 @@ impl FieldSelector {
             })
             .collect::<Result<_, _>>()
             .map(FieldSelector)
+    }
+
+    /// Refuses fields the real server cannot select on for `kind`, with its error message.
+    pub fn check_supported(&self, kind: &ResourceKind) -> Result<(), String> {
+        match self.0.iter().find(|(path, _, _)| !kind.selectable_fields.contains(&path.as_str())) {
+            Some((path, _, _)) => Err(format!("field label not supported: {path}")),
+            None => Ok(()),
+        }
     }
 
     /// Whether every term holds for `obj`.
@@ -246,5 +265,23 @@ mod tests {
         }
         assert!(FieldSelector::parse("spec.missing=").unwrap().matches(&p));
         assert!(FieldSelector::parse("nonsense").is_err());
+        let plain = json!({"metadata": {"name": "q"}, "status": {"podIPs": [{"ip": "10.0.0.9"}]}});
+        for s in ["spec.hostNetwork=false", "status.podIP=10.0.0.9"] {
+            assert!(FieldSelector::parse(s).unwrap().matches(&plain), "{s}");
+        }
+    }
+
+    #[test]
+    fn only_the_real_servers_fields_are_supported() {
+        let pods = crate::kinds::by_name("Pod").unwrap();
+        let nodes = crate::kinds::by_name("Node").unwrap();
+        let ds = crate::kinds::by_name("DaemonSet").unwrap();
+        let ok = |k, s| FieldSelector::parse(s).unwrap().check_supported(k);
+        assert_eq!(ok(pods, "spec.nodeName=n1,status.phase!=Failed,spec.hostNetwork=true"), Ok(()));
+        assert_eq!(ok(pods, "spec.containers=x"), Err("field label not supported: spec.containers".into()));
+        assert_eq!(ok(nodes, "spec.unschedulable=false,metadata.name=n"), Ok(()));
+        assert!(ok(nodes, "metadata.namespace=x").is_err());
+        assert_eq!(ok(ds, "metadata.namespace=x,metadata.name=y"), Ok(()));
+        assert!(ok(ds, "spec.selector=x").is_err());
     }
 }

@@ -1,7 +1,12 @@
-//! The HTTP layer: accepts connections, logs requests, injects faults and hands requests to the router.
+//! The HTTP layer: accepts connections (TLS when configured), and runs each request through the real server's
+//! filter order: request log, injected faults, authentication (401), throttling (429), authorization (403),
+//! then the router. It also ends graceful deletions whose grace period is over.
 
+use crate::auth::User;
 use crate::cluster::{Cluster, Fault, RequestRecord};
+use crate::debug;
 use crate::query::Query;
+use crate::rbac::{self, RequestInfo};
 use crate::routes::{self, Call};
 use crate::status::ApiError;
 use crate::watch::Body;
@@ -11,6 +16,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use std::future::Future;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 
 /// Returned by the service to make hyper drop the connection for `Fault::Refuse`.
@@ -19,42 +25,103 @@ use tokio::net::TcpListener;
 struct Refused;
 
 async fn respond(cluster: Cluster, req: Request<Incoming>) -> Result<Response<Body>, Refused> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let raw_query = req.uri().query().unwrap_or_default().to_string();
+    let authorization =
+        req.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let content_type =
+        req.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string();
+    let body = req.into_body().collect().await.map(|b| b.to_bytes());
+    if debug::is_debug(&path) {
+        return Ok(debug::handle(&cluster, &method, &path, body.as_deref().unwrap_or_default()));
+    }
+    let query = Query::parse(&raw_query);
+    let info = RequestInfo::parse(&method, &path, &query);
     let record = RequestRecord {
-        method: req.method().to_string(),
-        path: req.uri().path().to_string(),
-        query: req.uri().query().unwrap_or_default().to_string(),
+        method: method.to_string(),
+        path: path.clone(),
+        query: raw_query,
+        verb: info.verb().to_string(),
+        user: String::new(),
+        status: 0,
     };
     tracing::debug!(method = %record.method, path = %record.path, query = %record.query, "request");
-    cluster.log_request(record.clone());
+    let seq = cluster.log_request(record);
+    let answer = |user: &str, response: Response<Body>| {
+        cluster.log_answer(seq, info.verb(), user, response.status().as_u16());
+        response
+    };
     match cluster.fault() {
         Some(Fault::Refuse) => return Err(Refused),
-        Some(Fault::Status(code)) => return Ok(routes::error_response(&ApiError::injected(code))),
+        Some(Fault::Status(code)) => return Ok(answer("", routes::error_response(&ApiError::injected(code)))),
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
         None => {}
     }
-    let content_type =
-        req.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("application/json").to_string();
-    let method = req.method().clone();
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return Ok(routes::error_response(&ApiError::bad_request(format!("reading request body: {e}")))),
+    let user = match cluster.authenticate(authorization.as_deref()) {
+        Ok(user) => user,
+        Err(_) if !cluster.config().authentication => User::anonymous(),
+        Err(_) => return Ok(answer("", routes::error_response(&ApiError::unauthorized()))),
     };
-    Ok(routes::handle(
-        &cluster,
-        Call {
-            method: &method,
-            path: &record.path,
-            query: Query::parse(&record.query),
-            content_type: &content_type,
-            body,
-        },
-    ))
+    if let Some(retry_after) = cluster.throttled() {
+        let mut response = routes::error_response(&ApiError::too_many_requests(retry_after));
+        response.headers_mut().insert(hyper::header::RETRY_AFTER, retry_after.into());
+        return Ok(answer(&user.name, response));
+    }
+    if cluster.config().rbac {
+        if let Err(e) = cluster.with_store(|s| rbac::authorize(s, &user, &info)) {
+            return Ok(answer(&user.name, routes::error_response(&e)));
+        }
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            let e = ApiError::bad_request(format!("reading request body: {e}"));
+            return Ok(answer(&user.name, routes::error_response(&e)));
+        }
+    };
+    let call = Call { method: &method, path: &path, query, content_type: &content_type, body };
+    Ok(answer(&user.name, routes::handle(&cluster, call)))
 }
 
-/// Serves `cluster` on `listener` until `shutdown` completes, then ends every open watch and returns.
-/// Connections still open at that point are abandoned with the runtime that runs them.
+async fn serve_connection<I>(io: I, cluster: Cluster)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| respond(cluster.clone(), req));
+    if let Err(e) = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(io), service).await {
+        tracing::debug!("connection ended with error: {e}");
+    }
+}
+
+/// Ends graceful deletions as their grace periods run out (what the kubelet's final delete does).
+async fn reap(cluster: Cluster) {
+    let (mut changed, _) = cluster.subscribe();
+    loop {
+        let next = cluster.with_store(|s| {
+            s.reap(std::time::Instant::now());
+            s.next_deadline()
+        });
+        let due = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = due => {}
+            r = changed.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+/// Serves `cluster` on `listener` (https when the cluster was configured with TLS) until `shutdown`
+/// completes, then ends every open watch and returns. Connections still open at that point are abandoned
+/// with the runtime that runs them.
 pub async fn serve(listener: TcpListener, cluster: Cluster, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
+    let reaper = tokio::spawn(reap(cluster.clone()));
+    let tls = cluster.tls_config().map(tokio_rustls::TlsAcceptor::from);
     loop {
         let stream = tokio::select! {
             _ = &mut shutdown => break,
@@ -71,14 +138,17 @@ pub async fn serve(listener: TcpListener, cluster: Cluster, shutdown: impl Futur
             continue;
         }
         let cluster = cluster.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| respond(cluster.clone(), req));
-            if let Err(e) =
-                auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await
-            {
-                tracing::debug!("connection ended with error: {e}");
+            match tls {
+                None => serve_connection(stream, cluster).await,
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(stream) => serve_connection(stream, cluster).await,
+                    Err(e) => tracing::debug!("TLS handshake failed: {e}"),
+                },
             }
         });
     }
+    reaper.abort();
     cluster.drop_watches();
 }

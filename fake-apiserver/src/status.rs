@@ -69,12 +69,71 @@ impl ApiError {
         }
     }
 
+    /// A watch or continue token naming a version this server never handed out (only with expiry of
+    /// unissued versions), 410 like an expired one so that clients relist.
+    pub fn unissued(requested: u64, newest: u64) -> ApiError {
+        ApiError {
+            code: 410,
+            reason: "Expired",
+            message: format!("too old resource version: {requested} was never issued by this server (newest {newest})"),
+            details: None,
+        }
+    }
+
+    /// A continue token whose resourceVersion left the history: the real server's words.
+    pub fn continue_expired() -> ApiError {
+        ApiError {
+            code: 410,
+            reason: "Expired",
+            message: "The provided continue parameter is too old to display a consistent list result. You can start \
+                      a new list without the continue parameter."
+                .to_string(),
+            details: None,
+        }
+    }
+
     pub fn unsupported_media_type(content_type: &str) -> ApiError {
         ApiError {
             code: 415,
             reason: "UnsupportedMediaType",
-            message: format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml; got {content_type:?}"),
+            message: format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got {content_type:?}"),
             details: None,
+        }
+    }
+
+    /// 422 for a request the server understood but cannot apply (a patch that does not fit, a directive the
+    /// fake does not implement).
+    pub fn unprocessable(message: impl Into<String>) -> ApiError {
+        ApiError { code: 422, reason: "Invalid", message: message.into(), details: None }
+    }
+
+    /// 422 for an object that fails validation.
+    pub fn invalid(kind: &ResourceKind, name: &str, why: &str) -> ApiError {
+        ApiError {
+            code: 422,
+            reason: "Invalid",
+            message: format!("{} \"{name}\" is invalid: {why}", kind.kind),
+            details: details(kind, name),
+        }
+    }
+
+    /// 401 for a request without a valid bearer token.
+    pub fn unauthorized() -> ApiError {
+        ApiError { code: 401, reason: "Unauthorized", message: "Unauthorized".to_string(), details: None }
+    }
+
+    /// 403 with the real server's message and details.
+    pub fn forbidden(message: String, details: Option<Value>) -> ApiError {
+        ApiError { code: 403, reason: "Forbidden", message, details }
+    }
+
+    /// 429 as API priority and fairness answers it.
+    pub fn too_many_requests(retry_after_seconds: u32) -> ApiError {
+        ApiError {
+            code: 429,
+            reason: "TooManyRequests",
+            message: "Too many requests, please try again later.".to_string(),
+            details: Some(json!({"retryAfterSeconds": retry_after_seconds})),
         }
     }
 

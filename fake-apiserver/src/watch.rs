@@ -15,9 +15,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// How often an idle watch that asked for bookmarks receives one.
-const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Response body type shared by all handlers.
 pub(crate) type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
 
@@ -30,6 +27,9 @@ pub(crate) struct WatchSpec {
     pub resource_version: Option<u64>,
     pub send_initial_events: bool,
     pub bookmarks: bool,
+    /// How often an idle watch that asked for bookmarks receives one.
+    pub bookmark_interval: Duration,
+    /// When the server ends the stream (the client's `timeoutSeconds` or the server-side timeout).
     pub timeout: Option<Duration>,
 }
 
@@ -120,7 +120,8 @@ async fn run(cluster: Cluster, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
     if spec.send_initial_events && spec.bookmarks && tx.send(bookmark(spec.kind, pos, true)).await.is_err() {
         return;
     }
-    let mut ticker = tokio::time::interval_at(Instant::now() + BOOKMARK_INTERVAL, BOOKMARK_INTERVAL);
+    let every = spec.bookmark_interval.max(Duration::from_millis(1));
+    let mut ticker = tokio::time::interval_at(Instant::now() + every, every);
     loop {
         let lines = match catch_up(&cluster, &spec, &mut pos) {
             Ok(lines) => lines,

@@ -1,45 +1,25 @@
 //! The object store: current objects, the global resourceVersion counter and the event history watches replay.
+//!
+//! Submodules: `history` (compaction, replay, list snapshots at an older version) and `delete` (immediate and
+//! graceful deletion, finalizers).
 
+mod delete;
+mod history;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use delete::DeleteOptions;
+pub(crate) use history::{Change, ChangeType};
+
+use crate::config::Config;
 use crate::ids;
 use crate::kinds::ResourceKind;
-use crate::patch::merge_patch;
+use crate::patch::{self, PatchType};
 use crate::status::ApiError;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-
-/// Most events kept for replay; older ones are compacted away as a real apiserver's watch cache would.
-const HISTORY_LIMIT: usize = 10_000;
-
-/// What kind of change an event records, named as on the watch wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ChangeType {
-    Added,
-    Modified,
-    Deleted,
-}
-
-impl ChangeType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChangeType::Added => "ADDED",
-            ChangeType::Modified => "MODIFIED",
-            ChangeType::Deleted => "DELETED",
-        }
-    }
-}
-
-/// One entry of the event history.
-#[derive(Debug, Clone)]
-pub(crate) struct Change {
-    pub rv: u64,
-    pub kind: &'static ResourceKind,
-    pub change: ChangeType,
-    /// The object after the change (for deletions: its final state, stamped with the deletion's rv).
-    pub object: Arc<Value>,
-    /// The object before a modification, so selector-filtered watches can tell entering from leaving.
-    pub previous: Option<Arc<Value>>,
-}
+use std::time::{Duration, Instant};
 
 /// Which part of an object a write addresses: the object itself or its `status` subresource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +29,16 @@ pub(crate) enum Part {
 }
 
 /// `(plural, namespace, name)`; namespace is empty for cluster-scoped kinds.
-type Key = (&'static str, String, String);
+pub(crate) type Key = (&'static str, String, String);
+
+/// What the store takes from the server's [`Config`].
+#[derive(Debug, Clone)]
+struct Limits {
+    history_events: usize,
+    history_age: Option<Duration>,
+    expire_unissued: bool,
+    graceful_deletion: bool,
+}
 
 /// All objects plus history; callers hold it behind a mutex.
 #[derive(Debug)]
@@ -59,6 +48,9 @@ pub(crate) struct Store {
     /// Oldest resourceVersion a watch may resume from; anything older is expired.
     floor: u64,
     history: VecDeque<Change>,
+    limits: Limits,
+    /// Graceful deletions waiting for their grace period to end: object → (uid, deadline).
+    pending: BTreeMap<Key, (String, Instant)>,
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
@@ -152,8 +144,24 @@ fn carry_top(to: &mut Value, from: &Value, field: &str) {
 }
 
 impl Store {
-    pub fn new() -> Store {
-        Store { objects: BTreeMap::new(), rv: 1, floor: 1, history: VecDeque::new() }
+    /// An empty store shaped by `config` (history limits, version origin, deletion semantics).
+    pub fn new(config: &Config) -> Store {
+        // With expiry of unissued versions, versions start at the clock (in microseconds), so no version a
+        // previous server handed out is valid here: they are all older than this store's floor.
+        let first = if config.watch.expire_unissued { ids::unix_micros().max(1) } else { 1 };
+        Store {
+            objects: BTreeMap::new(),
+            rv: first,
+            floor: first,
+            history: VecDeque::new(),
+            limits: Limits {
+                history_events: config.watch.history_events.max(1),
+                history_age: config.watch.history_age,
+                expire_unissued: config.watch.expire_unissued,
+                graceful_deletion: config.graceful_deletion,
+            },
+            pending: BTreeMap::new(),
+        }
     }
 
     /// The newest resourceVersion handed out.
@@ -182,31 +190,6 @@ impl Store {
             .map(|(_, v)| v)
     }
 
-    /// History entries newer than `rv`, or the `Expired` error when `rv` predates the kept history.
-    pub fn changes_after(&self, rv: u64) -> Result<impl Iterator<Item = &Change>, ApiError> {
-        if rv < self.floor {
-            return Err(ApiError::expired(rv, self.floor));
-        }
-        let start = self.history.partition_point(|c| c.rv <= rv);
-        Ok(self.history.range(start..))
-    }
-
-    /// Forgets all history, like an etcd compaction at the current revision: watching from any older
-    /// resourceVersion is expired, watching from the current one still works (nothing was missed).
-    pub fn compact(&mut self) {
-        self.floor = self.rv;
-        self.history.clear();
-    }
-
-    fn record(&mut self, change: Change) {
-        self.history.push_back(change);
-        while self.history.len() > HISTORY_LIMIT {
-            if let Some(old) = self.history.pop_front() {
-                self.floor = old.rv;
-            }
-        }
-    }
-
     /// Stamps `obj` with the next resourceVersion, stores it and records the event.
     fn commit(&mut self, kind: &'static ResourceKind, key: Key, mut obj: Value) -> Value {
         self.rv += 1;
@@ -214,7 +197,7 @@ impl Store {
         let object = Arc::new(obj.clone());
         let previous = self.objects.insert(key, object.clone());
         let change = if previous.is_some() { ChangeType::Modified } else { ChangeType::Added };
-        self.record(Change { rv: self.rv, kind, change, object, previous });
+        self.record(Change { rv: self.rv, kind, change, object, previous, at: Instant::now() });
         obj
     }
 
@@ -245,6 +228,11 @@ impl Store {
             return Err(ApiError::already_exists(kind, &name));
         }
         Store::stamp_new(kind, &mut obj, false);
+        if let Some(meta) = obj["metadata"].as_object_mut() {
+            // Set only by deletion, never by a client.
+            meta.remove("deletionTimestamp");
+            meta.remove("deletionGracePeriodSeconds");
+        }
         Ok(self.commit(kind, key, obj))
     }
 
@@ -280,33 +268,30 @@ impl Store {
         self.finish_update(kind, &existing, obj, part)
     }
 
-    /// PATCH (merge semantics); with `create_missing` (server-side apply) a missing object is created.
+    /// PATCH with the semantics of `ty`; server-side apply creates a missing object.
     pub fn patch(
         &mut self,
         kind: &'static ResourceKind,
         ns: &str,
         name: &str,
-        patch: &Value,
+        ty: PatchType,
+        body: &[u8],
         part: Part,
-        create_missing: bool,
     ) -> Result<Value, ApiError> {
+        let parsed = patch::parse(ty, body)?;
         let Some(existing) = self.get(kind, ns, name) else {
-            if !create_missing {
+            if ty != PatchType::Apply {
                 return Err(ApiError::not_found(kind, name));
             }
-            let mut obj = patch.clone();
-            if let Some(meta) = obj.get_mut("metadata").filter(|m| m.is_object()) {
-                meta.as_object_mut().map(|m| m.remove("resourceVersion"));
+            let mut obj = patch::apply(kind, ty, &json!({}), &parsed)?;
+            if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.remove("resourceVersion");
             }
             obj["metadata"]["name"] = json!(name);
             return self.create(kind, Some(ns).filter(|_| kind.namespaced), obj);
         };
-        if !patch.is_object() {
-            return Err(ApiError::bad_request("a merge patch must be a JSON object"));
-        }
-        Store::check_rv(kind, name, &existing, patch)?;
-        let mut obj = (*existing).clone();
-        merge_patch(&mut obj, patch);
+        let mut obj = patch::apply(kind, ty, &existing, &parsed)?;
+        Store::check_rv(kind, name, &existing, &obj)?;
         normalize(kind, &mut obj, Some(ns))?;
         self.finish_update(kind, &existing, obj, part)
     }
@@ -320,8 +305,8 @@ impl Store {
         }
     }
 
-    /// Applies apiserver update rules (immutable identity, status only via its subresource, generation),
-    /// then commits unless nothing changed.
+    /// Applies apiserver update rules (immutable identity, status only via its subresource, generation,
+    /// deletion fields), then commits unless nothing changed.
     fn finish_update(
         &mut self,
         kind: &'static ResourceKind,
@@ -353,6 +338,9 @@ impl Store {
         for field in ["uid", "creationTimestamp", "resourceVersion", "generation"] {
             carry_meta(&mut obj, existing, field);
         }
+        if self.limits.graceful_deletion {
+            self.check_terminating_update(kind, existing, &mut obj)?;
+        }
         if obj == **existing {
             return Ok(obj);
         }
@@ -361,111 +349,10 @@ impl Store {
             obj["metadata"]["generation"] = json!(generation + 1);
         }
         let key = Store::key(kind, meta_str(&obj, "namespace").unwrap_or_default(), name_of(&obj));
-        Ok(self.commit(kind, key, obj))
-    }
-
-    /// DELETE: removes the object and returns its final state; honours DeleteOptions preconditions.
-    pub fn delete(
-        &mut self,
-        kind: &'static ResourceKind,
-        ns: &str,
-        name: &str,
-        preconditions: Option<&Value>,
-    ) -> Result<Value, ApiError> {
-        let key = Store::key(kind, ns, name);
-        let existing = self.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(kind, name))?;
-        if let Some(pre) = preconditions {
-            for field in ["uid", "resourceVersion"] {
-                let want = pre.get(field).and_then(Value::as_str);
-                if want.is_some_and(|w| Some(w) != meta_str(&existing, field)) {
-                    return Err(ApiError::conflict(
-                        kind,
-                        name,
-                        &format!(
-                            "Precondition failed: {field} in precondition: {}, {field} in object meta: {}",
-                            want.unwrap_or_default(),
-                            meta_str(&existing, field).unwrap_or_default()
-                        ),
-                    ));
-                }
-            }
+        if self.limits.graceful_deletion && delete::finalized(&obj) {
+            // The last finalizer of an object whose grace period is over is gone: the update deletes it.
+            return Ok(self.remove(kind, key, Arc::new(obj)));
         }
-        self.objects.remove(&key);
-        self.rv += 1;
-        let mut obj = (*existing).clone();
-        obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.record(Change {
-            rv: self.rv,
-            kind,
-            change: ChangeType::Deleted,
-            object: Arc::new(obj.clone()),
-            previous: Some(existing),
-        });
-        Ok(obj)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kinds::by_name;
-
-    fn pod(name: &str) -> Value {
-        json!({"metadata": {"name": name}, "spec": {"nodeName": "n1"}})
-    }
-
-    #[test]
-    fn create_stamps_and_counts() {
-        let mut s = Store::new();
-        let k = by_name("Pod").unwrap();
-        let a = s.create(k, Some("ns"), pod("a")).unwrap();
-        let b = s.create(k, Some("ns"), pod("b")).unwrap();
-        assert_eq!(a["kind"], "Pod");
-        assert_eq!(a["apiVersion"], "v1");
-        assert_eq!(a["metadata"]["namespace"], "ns");
-        assert!(a["metadata"]["uid"].as_str().is_some_and(|u| !u.is_empty()));
-        let rv = |o: &Value| o["metadata"]["resourceVersion"].as_str().unwrap().parse::<u64>().unwrap();
-        assert!(rv(&b) > rv(&a));
-        assert_eq!(s.create(k, Some("ns"), pod("a")).unwrap_err().code, 409);
-    }
-
-    #[test]
-    fn update_keeps_status_and_skips_noops() {
-        let mut s = Store::new();
-        let k = by_name("pods").unwrap();
-        let mut p = pod("a");
-        p["status"] = json!({"phase": "Running"});
-        let stored = s.upsert(k, p).unwrap();
-        let mut body = stored.clone();
-        body["status"] = json!({"phase": "Failed"});
-        let same = s.replace(k, "default", "a", body, Part::Main).unwrap();
-        assert_eq!(same, stored, "a status change through the main resource is ignored");
-        let patched =
-            s.patch(k, "default", "a", &json!({"status": {"phase": "Succeeded"}}), Part::Status, false).unwrap();
-        assert_eq!(patched["status"]["phase"], "Succeeded");
-        assert_ne!(patched["metadata"]["resourceVersion"], stored["metadata"]["resourceVersion"]);
-    }
-
-    #[test]
-    fn pod_status_writes_annotations_but_not_the_spec() {
-        let mut s = Store::new();
-        let k = by_name("pods").unwrap();
-        s.upsert(k, pod("a")).unwrap();
-        let patch = json!({"metadata": {"annotations": {"ambient.istio.io/redirection": "enabled"}}, "spec": {"x": 1}});
-        let patched = s.patch(k, "default", "a", &patch, Part::Status, false).unwrap();
-        assert_eq!(patched["metadata"]["annotations"]["ambient.istio.io/redirection"], "enabled");
-        assert!(patched["spec"].get("x").is_none(), "the spec is not writable through pods/status");
-    }
-
-    #[test]
-    fn compaction_expires_old_versions() {
-        let mut s = Store::new();
-        let k = by_name("Pod").unwrap();
-        s.create(k, Some("ns"), pod("a")).unwrap();
-        let rv = s.resource_version();
-        assert_eq!(s.changes_after(1).unwrap().count(), 1);
-        s.compact();
-        assert_eq!(s.changes_after(1).err().map(|e| e.code), Some(410));
-        assert_eq!(s.changes_after(rv).unwrap().count(), 0, "the current version is still watchable");
+        Ok(self.commit(kind, key, obj))
     }
 }

@@ -1,11 +1,15 @@
 //! Maps Kubernetes REST paths and verbs onto store operations, lists and watches.
 
+mod continuation;
+
 use crate::cluster::Cluster;
+use crate::ids;
 use crate::kinds::{self, ResourceKind};
+use crate::patch::PatchType;
 use crate::query::Query;
 use crate::selectors::{FieldSelector, Filter, LabelSelector};
 use crate::status::ApiError;
-use crate::store::Part;
+use crate::store::{DeleteOptions, Part};
 use crate::watch::{self, Body, WatchSpec};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -26,20 +30,21 @@ enum Target {
 
 fn route(path: &str) -> Option<Target> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let served = |group: &str| kinds::groups().into_iter().find(|g| *g == group);
     let (group, rest): (&'static str, &[&str]) = match segs.as_slice() {
         ["version"] => return Some(Target::Version),
         ["api"] => return Some(Target::CoreVersions),
         ["apis"] => return Some(Target::Groups),
         ["api", "v1"] => return Some(Target::Resources("")),
-        ["apis", "apps", "v1"] => return Some(Target::Resources("apps")),
+        ["apis", group, "v1"] => return served(group).map(Target::Resources),
         ["api", "v1", rest @ ..] => ("", rest),
-        ["apis", "apps", "v1", rest @ ..] => ("apps", rest),
+        ["apis", group, "v1", rest @ ..] => (served(group)?, rest),
         _ => return None,
     };
-    let object = |kind, namespace: Option<&str>, name: &str, sub: Option<&str>| {
+    let object = |kind: &'static ResourceKind, namespace: Option<&str>, name: &str, sub: Option<&str>| {
         let part = match sub {
             None => Part::Main,
-            Some("status") => Part::Status,
+            Some("status") if kind.has_status => Part::Status,
             Some(_) => return None,
         };
         Some(Target::Object { kind, namespace: namespace.map(str::to_string), name: name.to_string(), part })
@@ -76,42 +81,60 @@ pub(crate) fn error_response(e: &ApiError) -> Response<Body> {
     json_response(e.code, &e.to_status())
 }
 
-fn filter(query: &Query, namespace: Option<String>) -> Result<Filter, ApiError> {
+fn filter(
+    cluster: &Cluster,
+    kind: &ResourceKind,
+    query: &Query,
+    namespace: Option<String>,
+) -> Result<Filter, ApiError> {
+    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or_default()).map_err(ApiError::bad_request)?;
+    if cluster.config().strict_field_selectors {
+        fields.check_supported(kind).map_err(ApiError::bad_request)?;
+    }
     Ok(Filter {
         namespace,
         labels: LabelSelector::parse(query.get("labelSelector").unwrap_or_default()).map_err(ApiError::bad_request)?,
-        fields: FieldSelector::parse(query.get("fieldSelector").unwrap_or_default()).map_err(ApiError::bad_request)?,
+        fields,
     })
 }
 
+/// `(namespace, name)`: where an object sits in list order.
+fn position(o: &Value) -> (String, String) {
+    let m = &o["metadata"];
+    (m["namespace"].as_str().unwrap_or_default().to_string(), m["name"].as_str().unwrap_or_default().to_string())
+}
+
+/// A list, or one page of it: later pages come from the snapshot at the first page's resourceVersion, which the
+/// continue token carries (410 once the history no longer reaches back to it).
 fn list(cluster: &Cluster, kind: &'static ResourceKind, query: &Query, filter: &Filter) -> Result<Value, ApiError> {
     let limit: usize = match query.get("limit") {
         None | Some("") => 0,
         Some(l) => l.parse().map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
     };
-    let after = query
-        .get("continue")
-        .filter(|c| !c.is_empty())
-        .map(|c| c.split_once('/').ok_or_else(|| ApiError::bad_request("invalid continue token")))
-        .transpose()?;
-    let position = |o: &Value| {
-        let m = &o["metadata"];
-        (m["namespace"].as_str().unwrap_or_default().to_string(), m["name"].as_str().unwrap_or_default().to_string())
-    };
+    let token = query.get("continue").filter(|c| !c.is_empty()).map(continuation::decode).transpose()?;
     let (mut items, rv) = cluster.with_store(|s| {
-        let items: Vec<Value> = s
-            .list(kind, filter.namespace.as_deref())
+        let ns = filter.namespace.as_deref();
+        let (objects, rv) = match &token {
+            Some(t) => (s.snapshot(kind, ns, t.rv)?, t.rv),
+            None => (s.list(kind, ns).cloned().collect(), s.resource_version()),
+        };
+        let items: Vec<Value> = objects
+            .iter()
             .filter(|o| filter.matches(o))
-            .filter(|o| after.is_none_or(|(ns, name)| position(o) > (ns.to_string(), name.to_string())))
+            .filter(|o| token.as_ref().is_none_or(|t| position(o) > t.after))
             .map(|o| (**o).clone())
             .collect();
-        (items, s.resource_version())
-    });
+        Ok::<_, ApiError>((items, rv))
+    })?;
     let mut metadata = json!({"resourceVersion": rv.to_string()});
     if limit > 0 && items.len() > limit {
+        let remaining = items.len() - limit;
         items.truncate(limit);
-        let (ns, name) = position(&items[limit - 1]);
-        metadata["continue"] = json!(format!("{ns}/{name}"));
+        let after = position(&items[limit - 1]);
+        metadata["continue"] = json!(continuation::encode(&continuation::Token { rv, after }));
+        if filter.labels == LabelSelector::default() && filter.fields == FieldSelector::default() {
+            metadata["remainingItemCount"] = json!(remaining);
+        }
     }
     Ok(json!({
         "kind": kind.list_kind,
@@ -160,7 +183,7 @@ fn dispatch(cluster: &Cluster, call: Call<'_>) -> Result<Response<Body>, ApiErro
         Target::Resources(group) => ok(kinds::resource_list(group)),
         Target::Collection { kind, namespace } => match *method {
             Method::GET => {
-                let filter = filter(&call.query, namespace)?;
+                let filter = filter(cluster, kind, &call.query, namespace)?;
                 if call.query.flag("watch") {
                     return watch(cluster, kind, &call.query, filter);
                 }
@@ -185,20 +208,21 @@ fn dispatch(cluster: &Cluster, call: Call<'_>) -> Result<Response<Body>, ApiErro
                     ok(cluster.with_store(|s| s.replace(kind, ns, &name, obj, part))?)
                 }
                 Method::PATCH => {
-                    let ct = call.content_type.split(';').next().unwrap_or_default().trim();
-                    let create_missing = match ct {
-                        "application/merge-patch+json" | "application/strategic-merge-patch+json" => false,
-                        "application/apply-patch+yaml" => true,
-                        other => return Err(ApiError::unsupported_media_type(other)),
-                    };
-                    let patch = parse_body(ct, &call.body)?;
-                    ok(cluster.with_store(|s| s.patch(kind, ns, &name, &patch, part, create_missing))?)
+                    let ty = PatchType::from_content_type(call.content_type)?;
+                    ok(cluster.with_store(|s| s.patch(kind, ns, &name, ty, &call.body, part))?)
                 }
                 Method::DELETE if part == Part::Main => {
-                    let options =
+                    let body =
                         if call.body.is_empty() { Value::Null } else { parse_body(call.content_type, &call.body)? };
-                    let pre = options.get("preconditions");
-                    ok(cluster.with_store(|s| s.delete(kind, ns, &name, pre))?)
+                    let mut options = DeleteOptions::from_body(&body);
+                    if let Some(g) = call.query.get("gracePeriodSeconds").filter(|g| !g.is_empty()) {
+                        let g = g
+                            .parse()
+                            .map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}")))?;
+                        options.grace_period_seconds = Some(g);
+                    }
+                    let graceful = cluster.config().graceful_deletion;
+                    ok(cluster.with_store(|s| s.delete(kind, ns, &name, &options, graceful))?)
                 }
                 _ => Err(ApiError::method_not_allowed(method.as_str())),
             }
@@ -212,11 +236,18 @@ fn watch(
     query: &Query,
     filter: Filter,
 ) -> Result<Response<Body>, ApiError> {
-    let timeout = match query.get("timeoutSeconds") {
-        None | Some("") => None,
+    let config = &cluster.config().watch;
+    let asked = match query.get("timeoutSeconds") {
+        None | Some("") | Some("0") => None,
         Some(t) => Some(Duration::from_secs(
             t.parse().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?,
         )),
+    };
+    // The server's own timeout caps the client's (kube clients always ask for 290s).
+    let server_side = config.min_timeout.map(|t| t.mul_f64(1.0 + ids::unit_random()));
+    let timeout = match (asked, server_side) {
+        (Some(a), Some(s)) => Some(a.min(s)),
+        (a, s) => a.or(s),
     };
     let spec = WatchSpec {
         kind,
@@ -224,6 +255,7 @@ fn watch(
         resource_version: watch::parse_rv(query.get("resourceVersion"))?,
         send_initial_events: query.flag("sendInitialEvents"),
         bookmarks: query.flag("allowWatchBookmarks"),
+        bookmark_interval: config.bookmark_interval,
         timeout,
     };
     let body = watch::watch_body(cluster.clone(), spec);
@@ -265,5 +297,12 @@ mod tests {
         assert_eq!(route("/api/v1/namespaces/a/nodes"), None);
         assert_eq!(route("/api/v1/namespaces/a/pods/p/log"), None);
         assert_eq!(route("/apis/batch/v1/jobs"), None);
+        assert_eq!(route("/api/v1/namespaces/a/configmaps/c/status"), None, "no status subresource");
+        let crb = kinds::by_name("ClusterRoleBinding").unwrap();
+        assert_eq!(
+            route("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/b"),
+            Some(Target::Object { kind: crb, namespace: None, name: "b".into(), part: Part::Main })
+        );
+        assert_eq!(route("/apis/rbac.authorization.k8s.io/v1"), Some(Target::Resources(kinds::RBAC_GROUP)));
     }
 }
