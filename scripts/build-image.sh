@@ -3,7 +3,7 @@
 # (x86_64-unknown-linux-gnu with +crt-static, in target/static), staged into a small build context, then
 # `podman build` of a FROM scratch image. No registry is needed.
 #
-# Usage: scripts/build-image.sh [--release] [IMAGE]     IMAGE defaults to localhost/istio-cni:<version>
+# Usage: scripts/build-image.sh [--release] [IMAGE]     IMAGE defaults to localhost/install-cni:<version>
 #   --release  optimised binaries (slow on small machines); the default dev profile is static too.
 #   PODMAN     the podman command, word-split (tests add --root/--runroot/--storage-driver vfs).
 set -euo pipefail
@@ -17,7 +17,7 @@ if [ "${1:-}" = "--release" ]; then
   shift
 fi
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
-image=${1:-localhost/istio-cni:$version}
+image=${1:-localhost/install-cni:$version}
 target=x86_64-unknown-linux-gnu
 target_dir=target/static
 

@@ -3,6 +3,10 @@
 //! capabilities for the node agent, the kubeconfig in the run dir, RBAC per feature, env names the binaries
 //! really read, a schema that refuses bad values).
 //!
+//! Istio users' inputs too: Istio's own values.yaml and profile files (e2e/testdata/istio-chart, see its NOTICE)
+//! and Istio's documented commands must lint, render and validate, and give every container the settings Istio's
+//! chart gives for them (expected.yaml).
+//!
 //! Goldens live in e2e/goldens/chart/<case>.yaml; `UPDATE_GOLDENS=1` rewrites them.
 
 use std::collections::BTreeSet;
@@ -27,6 +31,19 @@ fn cases() -> Vec<(String, Vec<String>)> {
         ("ambient".to_owned(), vec![AMBIENT.to_owned()]),
         ("proxy".to_owned(), vec![AMBIENT.to_owned(), PROXY.to_owned()]),
         ("repair-sidecar-only".to_owned(), vec![REPAIR_DELETE.to_owned(), NO_REPAIR_IN_PLACE.to_owned()]),
+        // Istio's install command, and the templates Istio has that are off by default.
+        ("profile-ambient".to_owned(), vec!["profile=ambient".to_owned()]),
+        (
+            "istio-templates".to_owned(),
+            [
+                "ambient.enabled=true",
+                "global.networkPolicy.enabled=true",
+                "resourceQuotas.enabled=true",
+                "provider=multus",
+            ]
+            .map(String::from)
+            .into(),
+        ),
     ];
     for platform in PLATFORMS {
         cases.push((format!("platform-{platform}"), vec![AMBIENT.to_owned(), format!("global.platform={platform}")]));
@@ -162,7 +179,15 @@ fn node_agent_has_exactly_its_capabilities_and_the_pod_its_scheduling_guarantees
     let pod = r.pod_spec("istio-cni-node");
     assert_ne!(pod["hostNetwork"], true);
     assert_eq!(pod["priorityClassName"], "system-node-critical");
-    assert!(list(&pod["tolerations"]).iter().any(|t| t == &json!({"operator": "Exists"})), "{}", pod["tolerations"]);
+    // Istio's tolerations: every NoSchedule and NoExecute taint, and CriticalAddonsOnly.
+    assert_eq!(
+        pod["tolerations"],
+        json!([
+            {"effect": "NoSchedule", "operator": "Exists"},
+            {"key": "CriticalAddonsOnly", "operator": "Exists"},
+            {"effect": "NoExecute", "operator": "Exists"}
+        ])
+    );
     assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 1);
 
     let mut host_paths: Vec<String> = list(&pod["volumes"])
@@ -277,44 +302,107 @@ fn schema_refuses_bad_values_naming_the_value() {
     assert!(err.contains("/cni/cniConfFileName"), "{err}");
     let err = chart::template(&["cni.ambient.enabled=yes"]).expect_err("string for a boolean accepted");
     assert!(err.contains("/cni/ambient/enabled"), "{err}");
+    // A key that is neither Istio's nor ours is refused, at the top level, under cni and under global.
+    let err = chart::template(&["ambientt.enabled=true"]).expect_err("unknown top-level key accepted");
+    assert!(err.contains("at '': additional properties 'ambientt' not allowed"), "{err}");
+    let err = chart::template(&["cni.ambient.dnscapture=false"]).expect_err("misspelt key accepted");
+    assert!(err.contains("at '/cni/ambient': additional properties 'dnscapture' not allowed"), "{err}");
+    let err = chart::template(&["global.hubb=x"]).expect_err("unknown global key accepted");
+    assert!(err.contains("at '/global': additional properties 'hubb' not allowed"), "{err}");
+    // Enums and types of Istio's values.
+    for (set, at) in [
+        ("provider=calico", "/provider"),
+        ("profile=bogus", "/profile"),
+        ("compatibilityVersion=1.20", "/compatibilityVersion"),
+        ("global.resourceScope=everything", "/global/resourceScope"),
+        ("terminationGracePeriodSeconds=soon", "/terminationGracePeriodSeconds"),
+        ("updateStrategy.type=Sometimes", "/updateStrategy/type"),
+    ] {
+        let err = chart::template(&[set]).expect_err(set);
+        assert!(err.contains(&format!("at '{at}'")), "{set}: {err}");
+    }
+    // Keys of Istio's other charts that Istio's profiles carry are accepted (no effect here).
+    chart::template(&[
+        "meshConfig.accessLogFile=/dev/stdout",
+        "pilot.env.X=1",
+        "global.proxy.resources.requests.cpu=1",
+    ])
+    .expect("Istio's other charts' keys refused");
+    // A compatibility version written as a YAML number (1.30 is 1.3 to YAML) still names its file.
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let file = scratch.path().join("v.yaml");
+    std::fs::write(&file, "compatibilityVersion: 1.30\n").unwrap();
+    template_with(&["-f".to_owned(), file.display().to_string()], KUBE_VERSION).expect("compatibilityVersion 1.30");
     let err = chart::template(&[PROXY]).expect_err("proxy without ambient accepted");
     assert!(err.contains("proxy.enabled needs cni.ambient.enabled=true"), "{err}");
+}
+
+/// The grants of istio-cni-node's service account: Istio's roles istio-cni, istio-cni-repair-role and
+/// istio-cni-ambient, each bound to it.
+fn node_grants(r: &Rendered) -> BTreeSet<(String, String)> {
+    let mut grants = BTreeSet::new();
+    for (role, binding) in [
+        ("istio-cni", "istio-cni"),
+        ("istio-cni-repair-role", "istio-cni-repair-rolebinding"),
+        ("istio-cni-ambient", "istio-cni-ambient"),
+    ] {
+        if r.find("ClusterRole", role).is_some() {
+            let b = r.get("ClusterRoleBinding", binding);
+            assert_eq!(b["roleRef"]["name"], role);
+            assert_eq!(
+                b["subjects"],
+                json!([{"kind": "ServiceAccount", "name": "istio-cni", "namespace": chart::NAMESPACE}])
+            );
+            grants.extend(r.grants(role));
+        }
+    }
+    grants
 }
 
 #[test]
 fn rbac_grows_only_with_the_features_enabled() {
     let grant = |resource: &str, verb: &str| (resource.to_owned(), verb.to_owned());
-    let (_, r) = render(&[]);
-    let grants = r.grants("istio-cni");
     let reads: BTreeSet<_> = ["pods", "namespaces", "nodes"]
         .iter()
         .flat_map(|res| ["get", "list", "watch"].map(|v| grant(res, v)))
         .collect();
-    assert_eq!(grants, reads, "default install grants only reads");
+    let events: BTreeSet<_> = [grant("events", "create"), grant("events", "patch")].into();
+    let (_, r) = render(&[]);
+    // In-place repair (the default) needs no pod writes; the repair role lets it record Events.
+    assert_eq!(node_grants(&r), &reads | &events, "default install grants reads and repair Events");
+    assert_eq!(r.grants("istio-cni-repair-role"), events);
+    let (_, r) = render(&["cni.repair.enabled=false".to_owned()]);
+    assert_eq!(node_grants(&r), reads, "without repair only reads");
+    assert!(r.find("ClusterRole", "istio-cni-repair-role").is_none());
 
     let (_, r) = render(&[AMBIENT.to_owned()]);
-    let grants = r.grants("istio-cni");
+    let grants = node_grants(&r);
     assert!(grants.contains(&grant("pods/status", "patch")) && grants.contains(&grant("daemonsets", "get")));
-    assert!(!grants.contains(&grant("pods", "delete")) && !grants.contains(&grant("events", "create")));
-    let ds_rule =
-        list(&r.get("ClusterRole", "istio-cni")["rules"]).into_iter().find(|r| r["resources"] == json!(["daemonsets"]));
+    assert!(!grants.contains(&grant("pods", "delete")));
+    let ds_rule = list(&r.get("ClusterRole", "istio-cni-ambient")["rules"])
+        .into_iter()
+        .find(|r| r["resources"] == json!(["daemonsets"]));
     assert_eq!(ds_rule.unwrap()["resourceNames"], json!(["istio-cni-node"]));
 
-    // Repair: delete needs pods delete, label a patch of the pod itself (labels are metadata, not status); no
-    // events are created. Both with and without ambient, and nothing when repair is off.
+    // Repair: delete needs pods delete, label a patch of the pod itself (labels are metadata, not status); both
+    // record Events. Both with and without ambient, and nothing when repair is off.
     for ambient in [vec![], vec![AMBIENT.to_owned()]] {
         let (_, r) = render(&[ambient.clone(), vec![REPAIR_DELETE.to_owned()]].concat());
-        let grants = r.grants("istio-cni");
+        let grants = node_grants(&r);
         assert!(grants.contains(&grant("pods", "delete")) && !grants.contains(&grant("pods", "patch")));
-        assert!(!grants.iter().any(|(res, _)| res == "events"), "{grants:?}");
+        assert!(grants.is_superset(&events), "{grants:?}");
         let (_, r) = render(&[ambient.clone(), vec![REPAIR_LABEL.to_owned()]].concat());
-        let grants = r.grants("istio-cni");
+        let grants = node_grants(&r);
         assert!(grants.contains(&grant("pods", "patch")) && !grants.contains(&grant("pods", "delete")));
         let off = [ambient, vec![REPAIR_LABEL.to_owned(), REPAIR_DELETE.to_owned(), "cni.repair.enabled=false".into()]];
         let (_, r) = render(&off.concat());
-        let grants = r.grants("istio-cni");
+        let grants = node_grants(&r);
         assert!(!grants.contains(&grant("pods", "patch")) && !grants.contains(&grant("pods", "delete")));
+        assert!(!grants.iter().any(|(res, _)| res == "events"), "{grants:?}");
     }
+
+    let (_, r) = render(&["global.platform=openshift".to_owned()]);
+    assert!(r.grants("istio-cni").contains(&grant("securitycontextconstraints", "use")));
 
     let (_, r) = render(&[AMBIENT.to_owned(), PROXY.to_owned()]);
     let reads: BTreeSet<_> = ["get", "list", "watch"].map(|v| grant("pods", v)).into();
@@ -489,4 +577,419 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+// ---- Istio's values, profiles and commands (e2e/testdata/istio-chart: Istio's files and the settings Istio's
+// ---- chart gives for them).
+
+/// e2e/testdata/istio-chart.
+fn istio_data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/istio-chart")
+}
+
+/// One input of expected.yaml: helm arguments and the settings Istio's chart gives (ours where `deviation` says).
+struct IstioCase {
+    name: String,
+    args: Vec<String>,
+    kube_version: String,
+    expect: Value,
+}
+
+/// `b` merged into `a`, maps key by key; a missing (null) `b` changes nothing. (expected.yaml's cases list
+/// differences from `default`.)
+fn merged(a: &Value, b: &Value) -> Value {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut out = a.clone();
+            for (k, v) in b {
+                let next = out.get(k).map_or_else(|| v.clone(), |old| merged(old, v));
+                out.insert(k.clone(), next);
+            }
+            Value::Object(out)
+        }
+        (a, Value::Null) => a.clone(),
+        (_, b) => b.clone(),
+    }
+}
+
+fn istio_cases() -> Vec<IstioCase> {
+    let path = istio_data().join("expected.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let data: Value = serde_yaml::from_str(&text).expect("expected.yaml parses");
+    let default = &data["default"];
+    let mut out = vec![IstioCase {
+        name: "no values".into(),
+        args: vec![],
+        kube_version: KUBE_VERSION.into(),
+        expect: default.clone(),
+    }];
+    for case in list(&data["cases"]) {
+        let mut args = Vec::new();
+        for file in list(&case["files"]) {
+            args.push("-f".to_owned());
+            args.push(istio_data().join(file.as_str().unwrap()).display().to_string());
+        }
+        for set in list(&case["set"]) {
+            args.push("--set".to_owned());
+            args.push(set.as_str().unwrap().to_owned());
+        }
+        let expect = merged(&merged(default, &case["expect"]), &case["deviation"]);
+        out.push(IstioCase {
+            name: case["name"].as_str().unwrap().to_owned(),
+            args,
+            kube_version: case["kubeVersion"].as_str().unwrap_or(KUBE_VERSION).to_owned(),
+            expect,
+        });
+    }
+    out
+}
+
+/// `helm template` of the chart with raw helm arguments (`-f`, `--set`) at `kube_version`.
+fn template_with(args: &[String], kube_version: &str) -> Result<String, String> {
+    let out = output(
+        chart::helm()
+            .args(["template", "istio-cni"])
+            .arg(chart::chart_dir())
+            .args(["--namespace", chart::NAMESPACE, "--kube-version", kube_version])
+            .args(args),
+    );
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).expect("helm prints UTF-8"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn istio_files_and_commands_pass_lint_template_and_kubernetes_validate() {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let cases = istio_cases();
+    // helm lint is slow: a few cases at a time.
+    let files: Vec<PathBuf> = std::thread::scope(|s| {
+        let workers: Vec<_> = cases
+            .chunks(cases.len().div_ceil(4))
+            .enumerate()
+            .map(|(w, chunk)| {
+                let dir = scratch.path();
+                s.spawn(move || {
+                    let mut files = Vec::new();
+                    for (i, case) in chunk.iter().enumerate() {
+                        let out = output(
+                            chart::helm()
+                                .args(["lint", "--strict", "--kube-version", &case.kube_version])
+                                .arg(chart::chart_dir())
+                                .args(&case.args),
+                        );
+                        let text = String::from_utf8_lossy(&out.stdout);
+                        assert!(
+                            out.status.success() && text.contains("0 chart(s) failed") && !text.contains("[WARNING]"),
+                            "helm lint --strict, {}:\n{text}{}",
+                            case.name,
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                        let rendered = template_with(&case.args, &case.kube_version)
+                            .unwrap_or_else(|e| panic!("helm template, {}: {e}", case.name));
+                        let file = dir.join(format!("case-{w}-{i}.yaml"));
+                        std::fs::write(&file, rendered).expect("write render");
+                        files.push(file);
+                    }
+                    files
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("lint worker")).collect()
+    });
+    assert_eq!(files.len(), cases.len());
+    let out = output(Command::new("kubernetes-validate").args(["--strict", "-k", KUBE_VERSION]).args(&files));
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kubernetes-validate rejected a render:\n{log}");
+    assert_eq!(log.matches("passed for resource daemonset/istio-cni-node").count(), cases.len(), "{log}");
+}
+
+/// The env keys of Istio's configmap that go to install-cni, and those that go to the node agent.
+const INSTALL_ENV: [&str; 7] = [
+    "CHAINED_CNI_PLUGIN",
+    "CNI_CONF_NAME",
+    "EXCLUDE_NAMESPACES",
+    "AMBIENT_ENABLED",
+    "ENABLE_AMBIENT_DETECTION_RETRY",
+    "NATIVE_NFTABLES",
+    "ISTIO_OWNED_CNI_CONFIG",
+];
+const AGENT_ENV: [&str; 13] = [
+    "EXCLUDE_NAMESPACES",
+    "AMBIENT_ENABLED",
+    "AMBIENT_DNS_CAPTURE",
+    "AMBIENT_IPV6",
+    "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP",
+    "NATIVE_NFTABLES",
+    "REPAIR_ENABLED",
+    "REPAIR_LABEL_PODS",
+    "REPAIR_DELETE_PODS",
+    "REPAIR_REPAIR_PODS",
+    "REPAIR_INIT_CONTAINER_NAME",
+    "REPAIR_BROKEN_POD_LABEL_KEY",
+    "REPAIR_BROKEN_POD_LABEL_VALUE",
+];
+
+#[test]
+fn istio_inputs_give_each_container_istios_effective_settings() {
+    let cases = istio_cases();
+    assert!(cases.len() > 40, "expected.yaml lost cases");
+    for case in cases {
+        let name = &case.name;
+        let want = &case.expect;
+        let text = template_with(&case.args, &case.kube_version).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let r = Rendered::parse(&text);
+        let env = &want["env"];
+        let on = |key: &str| env[key] == "true";
+        let ambient = on("AMBIENT_ENABLED");
+        let in_place = on("REPAIR_ENABLED") && on("REPAIR_REPAIR_PODS");
+        let repair =
+            on("REPAIR_ENABLED") && (on("REPAIR_REPAIR_PODS") || on("REPAIR_DELETE_PODS") || on("REPAIR_LABEL_PODS"));
+
+        let install = r.container("istio-cni-node", "install-cni").expect("install-cni");
+        let agent = r.container("istio-cni-node", "node-agent");
+        assert_eq!(agent.is_some(), ambient || repair, "{name}: node-agent container");
+        for key in INSTALL_ENV {
+            assert_eq!(
+                r.env_value(install, key).map(Value::from).unwrap_or(Value::Null),
+                env[key],
+                "{name}: install-cni {key}"
+            );
+        }
+        if let Some(agent) = agent {
+            for key in AGENT_ENV {
+                assert_eq!(
+                    r.env_value(agent, key).map(Value::from).unwrap_or(Value::Null),
+                    env[key],
+                    "{name}: node-agent {key}"
+                );
+            }
+        }
+        // Istio passes --log_output_level; ours read LOG_LEVEL (same value).
+        for c in [Some(install), agent].into_iter().flatten() {
+            assert_eq!(
+                r.env_value(c, "LOG_LEVEL").map(Value::from),
+                Some(want["logOutputLevel"].clone()),
+                "{name}: {}",
+                c["name"]
+            );
+            assert_eq!(c["resources"], want["resources"], "{name}: {} resources", c["name"]);
+            assert_eq!(
+                c["securityContext"]["seLinuxOptions"]["type"], want["seLinuxType"],
+                "{name}: {} SELinux type",
+                c["name"]
+            );
+        }
+
+        // Host paths and where each container sees them.
+        assert_eq!(volume(&r, "istio-cni-node", "cni-bin-dir")["hostPath"]["path"], want["binDir"], "{name}: bin dir");
+        assert_eq!(
+            volume(&r, "istio-cni-node", "cni-net-dir")["hostPath"]["path"],
+            want["confDir"],
+            "{name}: conf dir"
+        );
+        let mount_of = |c: &Value, volume: &str| {
+            list(&c["volumeMounts"]).into_iter().find(|m| m["name"] == volume).map(|m| m["mountPath"].clone())
+        };
+        assert_eq!(mount_of(install, "cni-bin-dir"), Some(json!("/host/opt/cni/bin")), "{name}");
+        assert_eq!(mount_of(install, "cni-net-dir"), Some(json!("/host/etc/cni/net.d")), "{name}");
+        assert_eq!(r.env_value(install, "MOUNTED_CNI_NET_DIR").as_deref(), Some("/host/etc/cni/net.d"), "{name}");
+        assert_eq!(r.env_value(install, "HOST_CNI_BIN_DIR").as_deref(), Some("/host/opt/cni/bin"), "{name}");
+        if ambient {
+            let agent = agent.unwrap();
+            assert_eq!(volume(&r, "istio-cni-node", "cni-netns-dir")["hostPath"]["path"], want["netnsDir"], "{name}");
+            assert_eq!(mount_of(agent, "cni-netns-dir").as_ref(), Some(&want["netnsDir"]), "{name}: netns mount");
+            assert_eq!(mount_of(agent, "ztunnel-dir"), Some(json!("/var/run/ztunnel")), "{name}");
+        }
+
+        // Capabilities: ours, split by container (docs/helm.md): install-cni none, the node agent the rule
+        // capabilities when it programs rules (ambient or in-place repair).
+        assert_eq!(install["securityContext"]["capabilities"], json!({"drop": ["ALL"]}), "{name}");
+        if let Some(agent) = agent {
+            let want_caps = if ambient || in_place {
+                json!({"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]})
+            } else {
+                json!({"drop": ["ALL"]})
+            };
+            assert_eq!(agent["securityContext"]["capabilities"], want_caps, "{name}");
+            assert_eq!(mount_of(agent, "host-proc").is_some(), ambient || in_place, "{name}: host /proc");
+        }
+
+        let pod = r.pod_spec("istio-cni-node");
+        assert_eq!(pod["hostNetwork"] == true, want["hostNetwork"] == true, "{name}: hostNetwork");
+        assert_eq!(
+            r.find("ResourceQuota", "istio-cni-resource-quota").is_some(),
+            want["resourceQuota"] == true,
+            "{name}"
+        );
+        assert_eq!(
+            r.find("NetworkAttachmentDefinition", "istio-cni").is_some(),
+            want["networkAttachmentDefinition"] == true,
+            "{name}"
+        );
+        if let Some(image) = want["image"].as_str() {
+            assert_eq!(install["image"], image, "{name}: image");
+        }
+    }
+}
+
+/// Istio's defaults block (values.yaml `_internal_defaults_do_not_set`), as a user's values file.
+fn istio_defaults() -> Value {
+    let text = std::fs::read_to_string(istio_data().join("values.yaml")).expect("Istio's values.yaml");
+    let values: Value = serde_yaml::from_str(&text).expect("values.yaml parses");
+    values["_internal_defaults_do_not_set"].clone()
+}
+
+#[test]
+fn every_key_of_istios_values_is_accepted_at_the_top_level_and_under_cni() {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let defaults = istio_defaults();
+    assert!(defaults.as_object().unwrap().len() > 30, "Istio's defaults lost keys");
+    let mut under_cni = defaults.clone();
+    let global = under_cni.as_object_mut().unwrap().remove("global").unwrap();
+    let forms = [("top-level", defaults.clone()), ("cni", json!({"cni": under_cni, "global": global}))];
+    let mut env_by_form = Vec::new();
+    for (form, values) in forms {
+        let file = scratch.path().join(format!("{form}.yaml"));
+        std::fs::write(&file, serde_yaml::to_string(&values).unwrap()).unwrap();
+        let args = vec!["-f".to_owned(), file.display().to_string()];
+        let text = template_with(&args, KUBE_VERSION).unwrap_or_else(|e| panic!("{form}: Istio's values refused: {e}"));
+        let r = Rendered::parse(&text);
+        let install = r.container("istio-cni-node", "install-cni").unwrap();
+        assert_eq!(install["image"], "registry.istio.io/testing/install-cni:latest", "{form}");
+        env_by_form.push((r.config_map("istio-cni-config"), r.config_map("istio-cni-node-agent-config")));
+    }
+    assert_eq!(env_by_form[0], env_by_form[1], "both forms mean the same");
+
+    // Both forms of one setting mean the same, and the cni form wins when both are set.
+    let top = Rendered::new(&["ambient.enabled=true", "ambient.dnsCapture=false"]);
+    let cni = Rendered::new(&["cni.ambient.enabled=true", "cni.ambient.dnsCapture=false"]);
+    assert_eq!(top.config_map("istio-cni-node-agent-config"), cni.config_map("istio-cni-node-agent-config"));
+    let both = Rendered::new(&["ambient.enabled=true", "ambient.dnsCapture=true", "cni.ambient.dnsCapture=false"]);
+    assert_eq!(both.config_map("istio-cni-node-agent-config")["AMBIENT_DNS_CAPTURE"], "false");
+
+    // User values come after the profile, also to turn off what the profile turned on.
+    let r = Rendered::new(&["profile=ambient", "ambient.enabled=false"]);
+    assert_eq!(r.config_map("istio-cni-config")["AMBIENT_ENABLED"], "false");
+    let r = Rendered::new(&["global.platform=openshift", "chained=true", "cni.cniConfFileName="]);
+    assert_eq!(r.config_map("istio-cni-config")["CHAINED_CNI_PLUGIN"], "true");
+    assert!(!r.config_map("istio-cni-config").contains_key("CNI_CONF_NAME"));
+}
+
+#[test]
+fn defaults_equal_istios() {
+    let d = istio_defaults();
+    let r = Rendered::new(&[]);
+    let ds = r.get("DaemonSet", "istio-cni-node");
+    let pod = r.pod_spec("istio-cni-node");
+    assert_eq!(ds["spec"]["updateStrategy"], d["updateStrategy"]);
+    assert_eq!(pod["terminationGracePeriodSeconds"], d["terminationGracePeriodSeconds"]);
+    assert_eq!(pod["tolerations"], d["tolerations"]);
+    let install = r.container("istio-cni-node", "install-cni").unwrap();
+    assert_eq!(install["resources"], d["resources"]);
+    assert!(install.get("imagePullPolicy").is_none(), "Istio leaves the pull policy to Kubernetes");
+    // The image is composed as Istio's: <hub>/install-cni:<tag>; hub and tag are ours (our image, our version).
+    assert_eq!(install["image"], "localhost/install-cni:0.1.0");
+    let config = r.config_map("istio-cni-config");
+    let exclude: Vec<String> = list(&d["excludeNamespaces"]).iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+    assert_eq!(config["EXCLUDE_NAMESPACES"], exclude.join(","));
+    let agent = r.config_map("istio-cni-node-agent-config");
+    assert_eq!(agent["AMBIENT_RECONCILE_POD_RULES_ON_STARTUP"], d["ambient"]["reconcileIptablesOnStartup"].to_string());
+    assert_eq!(agent["AMBIENT_DNS_CAPTURE"], d["ambient"]["dnsCapture"].to_string());
+    assert_eq!(agent["REPAIR_REPAIR_PODS"], d["repair"]["repairPods"].to_string());
+    assert_eq!(
+        serde_json::from_str::<Value>(&config["AMBIENT_ENABLEMENT_SELECTOR"]).unwrap(),
+        d["ambient"]["enablementSelectors"]
+    );
+    // Image composition: hub, tag and variant as Istio's chart composes them; an image with a "/" as is.
+    let image =
+        |sets: &[&str]| Rendered::new(sets).container("istio-cni-node", "install-cni").unwrap()["image"].clone();
+    assert_eq!(
+        image(&["global.hub=r.example/istio", "global.tag=1.2.3", "global.variant=debug"]),
+        "r.example/istio/install-cni:1.2.3-debug"
+    );
+    assert_eq!(
+        image(&["hub=h.example", "tag=9", "variant=distroless", "global.variant=debug"]),
+        "h.example/install-cni:9-distroless"
+    );
+    assert_eq!(image(&["cni.image=my.example/cni:x"]), "my.example/cni:x");
+    assert_eq!(image(&["image=other"]), "localhost/other:0.1.0");
+}
+
+#[test]
+fn templates_istio_has_render_from_their_values() {
+    // NetworkAttachmentDefinition: provider multus (the openshift platform sets it).
+    let r = Rendered::new(&["provider=multus"]);
+    assert_eq!(r.get("NetworkAttachmentDefinition", "istio-cni")["metadata"]["namespace"], "default");
+    assert!(Rendered::new(&[]).find("NetworkAttachmentDefinition", "istio-cni").is_none());
+    let r = Rendered::new(&["global.platform=openshift"]);
+    assert!(r.find("NetworkAttachmentDefinition", "istio-cni").is_some());
+
+    // NetworkPolicy: global.networkPolicy.enabled; the ports it lets in are the ones the containers serve.
+    assert!(Rendered::new(&[]).objects.iter().all(|o| o["kind"] != "NetworkPolicy"));
+    let r = Rendered::new(&[AMBIENT, PROXY, "global.networkPolicy.enabled=true"]);
+    let np = r.get("NetworkPolicy", "istio-cni");
+    assert_eq!(np["spec"]["podSelector"]["matchLabels"]["k8s-app"], "istio-cni-node");
+    let allowed: BTreeSet<i64> = list(&np["spec"]["ingress"])
+        .iter()
+        .flat_map(|rule| list(&rule["ports"]))
+        .map(|p| p["port"].as_i64().unwrap())
+        .collect();
+    let mut served = BTreeSet::new();
+    for c in ["install-cni", "node-agent"] {
+        let c = r.container("istio-cni-node", c).unwrap();
+        served.insert(c["readinessProbe"]["httpGet"]["port"].as_i64().unwrap());
+        served.extend(list(&c["ports"]).iter().map(|p| p["containerPort"].as_i64().unwrap()));
+    }
+    assert_eq!(allowed, served);
+    assert_eq!(np["spec"]["egress"], json!([{}]));
+    assert!(r.find("NetworkPolicy", "hbone-proxy").is_some());
+
+    // ResourceQuota: resourceQuotas.enabled, and the gke profile turns it on.
+    let r = Rendered::new(&["resourceQuotas.enabled=true", "resourceQuotas.pods=77"]);
+    let quota = &r.get("ResourceQuota", "istio-cni-resource-quota")["spec"];
+    assert_eq!(quota["hard"]["pods"], "77");
+    assert_eq!(quota["scopeSelector"]["matchExpressions"][0]["values"], json!(["system-node-critical"]));
+    assert!(Rendered::new(&["global.platform=gke"]).find("ResourceQuota", "istio-cni-resource-quota").is_some());
+
+    // Passthrough: daemonSetLabels, podLabels, podAnnotations, env (to every istio-cni-node container).
+    let r = Rendered::new(&[
+        AMBIENT,
+        "daemonSetLabels.team=net",
+        "podLabels.tier=node",
+        "cni.podAnnotations.example\\.com/a=b",
+        "env.GODEBUG=x",
+        "cni.env.EXTRA=1",
+    ]);
+    let ds = r.get("DaemonSet", "istio-cni-node");
+    assert_eq!(ds["metadata"]["labels"]["team"], "net");
+    assert_eq!(ds["spec"]["template"]["metadata"]["labels"]["tier"], "node");
+    assert_eq!(ds["spec"]["template"]["metadata"]["annotations"]["example.com/a"], "b");
+    for c in ["install-cni", "node-agent"] {
+        let env = list(&r.container("istio-cni-node", c).unwrap()["env"]);
+        assert!(env.contains(&json!({"name": "GODEBUG", "value": "x"})), "{c}: {env:?}");
+        assert!(env.contains(&json!({"name": "EXTRA", "value": "1"})), "{c}: {env:?}");
+    }
+
+    // AppArmor: the annotation by default (useAppArmorAnnotation), else securityContext.appArmorProfile.
+    let r = Rendered::new(&[AMBIENT]);
+    let annotations = &r.get("DaemonSet", "istio-cni-node")["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["container.apparmor.security.beta.kubernetes.io/install-cni"], "unconfined");
+    assert_eq!(annotations["container.apparmor.security.beta.kubernetes.io/node-agent"], "unconfined");
+    let r = Rendered::new(&[AMBIENT, "useAppArmorAnnotation=false"]);
+    let annotations = &r.get("DaemonSet", "istio-cni-node")["spec"]["template"]["metadata"]["annotations"];
+    assert!(annotations.get("container.apparmor.security.beta.kubernetes.io/install-cni").is_none());
+    for c in ["install-cni", "node-agent"] {
+        let sc = &r.container("istio-cni-node", c).unwrap()["securityContext"];
+        assert_eq!(sc["appArmorProfile"], json!({"type": "Unconfined"}), "{c}");
+    }
+
+    // global.resourceScope: namespaced objects only, or cluster-scoped only.
+    let r = Rendered::new(&["global.resourceScope=cluster"]);
+    assert!(r.objects.iter().all(|o| o["kind"].as_str().unwrap().starts_with("Cluster")), "{:?}", r.names());
+    let r = Rendered::new(&["global.resourceScope=namespace"]);
+    assert!(r.objects.iter().all(|o| !o["kind"].as_str().unwrap().starts_with("Cluster")), "{:?}", r.names());
+    assert!(r.find("DaemonSet", "istio-cni-node").is_some());
 }

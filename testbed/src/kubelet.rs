@@ -19,7 +19,7 @@ pub const KUBELET_UID: u32 = 4040;
 /// How long the stand-in kubelet lives if its guard never runs (the test process was killed).
 const LIFETIME_SECS: &str = "3600";
 
-/// A copy of `sleep` named `kubelet`, started as [`KUBELET_UID`] (gid the same); killed, reaped and removed on
+/// `sleep` run through a link named `kubelet`, started as [`KUBELET_UID`] (gid the same); killed, reaped and removed on
 /// drop, also when the test panics.
 #[derive(Debug)]
 pub struct Kubelet {
@@ -34,9 +34,10 @@ impl Kubelet {
         let dir = tempfile::Builder::new().prefix("kubelet-").tempdir().expect("kubelet dir");
         // The kubelet's uid must reach and run the binary.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod kubelet dir");
+        // A symlink, not a copy: the kernel names the process after the path it execs (so `comm` is `kubelet`),
+        // and a freshly written copy can fail with ETXTBSY while a parallel test forks with its write fd open.
         let bin = dir.path().join("kubelet");
-        std::fs::copy(sleep_binary(), &bin).expect("copy sleep to kubelet");
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod kubelet");
+        std::os::unix::fs::symlink(sleep_binary(), &bin).expect("link kubelet to sleep");
         let child = Command::new(&bin)
             .arg(LIFETIME_SECS)
             .uid(KUBELET_UID)
@@ -69,8 +70,8 @@ impl Drop for Kubelet {
     }
 }
 
-/// `sleep` as found on `PATH` (a standalone binary on every distribution we run on, so a copy under another name
-/// still sleeps).
+/// `sleep` as found on `PATH` (a standalone binary on every distribution we run on, so it still sleeps when run
+/// under another name).
 fn sleep_binary() -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
     std::env::split_paths(&path)
