@@ -31,7 +31,7 @@ impl Attached {
 /// CNI_ARGS kubelet's runtimes pass. Panics if ADD fails: a benchmark of a failing path measures nothing.
 pub fn timed_add(node: &Node, list: &NetworkConfigList, namespace: &str, name: &str) -> Attached {
     let netns = node.pod_netns();
-    let conf = testbed::node::pod_attachment(&netns, namespace, name);
+    let conf = testbed::node::pod_attachment(&netns, namespace, name, "");
     let runtime = node.runtime().clone();
     let start = Instant::now();
     let result = runtime.add(list, &conf).unwrap_or_else(|e| panic!("CNI ADD of {namespace}/{name}: {e}"));

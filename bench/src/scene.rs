@@ -61,7 +61,7 @@ impl AmbientNode {
         let agent = NodeAgent::start(&cluster, &[("LOG_LEVEL", QUIET)]);
         let proxy_dir = tempfile::Builder::new().prefix("bench-proxy-").tempdir().expect("proxy dir");
         let kubeconfig = proxy_dir.path().join("kubeconfig");
-        cluster.api.write_kubeconfig(&kubeconfig).expect("proxy kubeconfig");
+        cluster.write_kubeconfig_for(&kubeconfig, testbed::chart::PROXY_SERVICE_ACCOUNT);
         let ca_dir = ca_dir.map(Path::to_path_buf);
         let zds_socket = agent.zds_socket();
         let proxy = start_proxy(&cluster, &agent, &zds_socket, proxy_dir.path(), ca_dir.as_deref());
@@ -117,9 +117,8 @@ impl AmbientNode {
     }
 }
 
-/// Has install-cni write the plugin's kubeconfig, as on a real node: the service-account token and the cluster
-/// CA inlined. (The fake API's own kubeconfig has no CA, which would make the plugin's kube client load every
-/// system root at each exec, a cost no real node pays.) The installer is stopped once the file is there.
+/// Has install-cni write the plugin's kubeconfig, as on a real node: the istio-cni service account's token and
+/// the cluster CA inlined, from its in-cluster credentials. The installer is stopped once the file is there.
 pub fn install_kubeconfig(cluster: &Cluster) {
     let installer = Installer::new(cluster);
     let running = installer.start();

@@ -136,8 +136,8 @@ fn table(contenders: &[Contender], sums: &[Summary], counts: Counts) -> String {
     s.push_str(&verdicts);
     s.push_str(
         "\nThe added cost is the whole plugin process: exec, reading the netconf, one GET of the pod from the API \
-         server (with the kubeconfig install-cni writes: token and cluster CA; the fake API speaks plain HTTP, a real \
-         cluster adds a TLS handshake), the decision, and the rules. Istio's \
+         server (over https with the kubeconfig install-cni writes: token and cluster CA, a TLS handshake per \
+         exec as on a real cluster), the decision, and the rules. Istio's \
          plugin pays the same exec and API call before its `iptables-restore` exec.\n",
     );
     s

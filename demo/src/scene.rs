@@ -100,7 +100,8 @@ pub fn run() -> Result<(), Stop> {
     let proxy_dir = tempfile::Builder::new().prefix("demo-proxy-").tempdir().map_err(|e| failed("proxy dir", e))?;
     track_dir(proxy_dir.path().to_path_buf());
     let kubeconfig = proxy_dir.path().join("kubeconfig");
-    cluster.api.write_kubeconfig(&kubeconfig).map_err(|e| failed("proxy kubeconfig", e))?;
+    let proxy_credentials = cluster.kubeconfig_for(testbed::chart::PROXY_SERVICE_ACCOUNT);
+    std::fs::write(&kubeconfig, proxy_credentials).map_err(|e| failed("proxy kubeconfig", e))?;
     let kubeconfig = kubeconfig.display().to_string();
     let env = [("KUBECONFIG", kubeconfig.as_str()), ("LOG_LEVEL", "info")];
     let proxy = Proxy::start(&cluster, &agent, proxy_dir.path(), &proxy_dir.path().join("workloads.yaml"), &env);
@@ -183,7 +184,7 @@ fn add_pod(cluster: &Cluster, conflist: &Value, pod: Value) -> Result<Pod, Stop>
     checkpoint()?;
     let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
     cluster.create(&pod);
-    cluster.node.try_add_pod_with(conflist.clone(), &name, NS).map_err(|e| failed(&format!("CNI ADD of {name}"), e))
+    cluster.add_with(conflist.clone(), &name, NS).map_err(|e| failed(&format!("CNI ADD of {name}"), e))
 }
 
 /// Creates ambient pod `name` (running as service account `name`), prints its rules and its ZDS enrollment, and

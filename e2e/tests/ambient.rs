@@ -40,7 +40,7 @@ fn on_every_backend(scenario: impl Fn(RuleBackend, &Cluster, &ZdsPeer)) {
 fn create(cluster: &Cluster, pod: &Value) -> Result<Pod, RuntimeError> {
     cluster.create(pod);
     let name = pod["metadata"]["name"].as_str().unwrap();
-    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS)
+    cluster.add_with(ambient_conflist(cluster), name, NS)
 }
 
 #[track_caller]
@@ -88,7 +88,7 @@ fn pods_of_a_labelled_namespace_are_enrolled_unless_they_opt_out() {
     let list = ambient_conflist(&c);
 
     c.create(&plain_pod("mesh", "web"));
-    let web = c.node.try_add_pod_with(list.clone(), "web", "mesh").expect("ADD of mesh/web");
+    let web = c.add_with(list.clone(), "web", "mesh").expect("ADD of mesh/web");
     let adds = peer.received_for(RequestKind::Add, &uid(&c, "mesh", "web"));
     assert_eq!(adds.len(), 1, "{:?}", peer.received());
     assert_eq!(adds[0].fds, vec![netns_id(&web.netns)]);
@@ -97,7 +97,7 @@ fn pods_of_a_labelled_namespace_are_enrolled_unless_they_opt_out() {
     let mut opted_out = plain_pod("mesh", "batch");
     opted_out["metadata"]["labels"] = json!({ names::DATAPLANE_MODE_LABEL: "none" });
     c.create(&opted_out);
-    let _batch = c.node.try_add_pod_with(list, "batch", "mesh").expect("ADD of mesh/batch");
+    let _batch = c.add_with(list, "batch", "mesh").expect("ADD of mesh/batch");
     assert!(peer.received_for(RequestKind::Add, &uid(&c, "mesh", "batch")).is_empty(), "{:?}", peer.received());
     assert_eq!(redirection(&c, "mesh", "batch"), None);
 }
@@ -234,7 +234,7 @@ fn a_reused_ip_keeps_the_new_pods_probe_entry() {
         list["plugins"][0]["ipam"]["ranges"][0][0]["rangeEnd"] = json!(only);
         let add = |name: &str| {
             c.create(&ambient_pod(NS, name));
-            c.node.try_add_pod_with(list.clone(), name, NS).unwrap_or_else(|e| panic!("ADD of {name}: {e}"))
+            c.add_with(list.clone(), name, NS).unwrap_or_else(|e| panic!("ADD of {name}: {e}"))
         };
 
         let mut old = add("old");
@@ -323,7 +323,7 @@ fn a_reroute_virtual_interfaces_annotation_holding_a_rule_or_16_bytes_fails_add_
             c.create(&pod);
             // ADD by hand, so the pod's netns outlives the failed ADD and can be listed.
             let netns = c.node.pod_netns();
-            let conf = testbed::node::pod_attachment(&netns, NS, &name);
+            let conf = testbed::node::pod_attachment(&netns, NS, &name, "");
             let result = c.node.runtime().add(&list, &conf);
             c.node.runtime().del(&list, &conf).expect("DEL after the failed ADD");
             let case = format!("{backend:?} {}={value:?}", names::REROUTE_VIRTUAL_INTERFACES);

@@ -109,7 +109,7 @@ impl Node {
 /// Stores ambient pod `name` and runs the plugin's ADD for it, as the runtime does.
 fn add(cluster: &Cluster, name: &str) -> Result<Pod, RuntimeError> {
     cluster.create(&ambient_pod(NS, name));
-    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS)
+    cluster.add_with(ambient_conflist(cluster), name, NS)
 }
 
 /// The UID of pod `name` once the ADD's thread stored it.

@@ -39,7 +39,7 @@ fn setup() -> (Cluster, NodeAgent) {
 
 /// CNI ADD of the stored pod `name` with the ambient conflist.
 fn add(cluster: &Cluster, name: &str) -> Result<Pod, RuntimeError> {
-    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS)
+    cluster.add_with(ambient_conflist(cluster), name, NS)
 }
 
 /// Stores `pod` and creates it through the runtime (ADD must succeed).

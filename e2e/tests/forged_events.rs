@@ -209,7 +209,7 @@ fn events_naming_the_hosts_or_the_agents_own_netns_or_another_kind_of_namespace_
     }
 
     // The real plugin's ADD of the pod still enrolls it.
-    c.node.try_add_pod_with(ambient_conflist(&c), "web", NS).expect("the plugin's ADD");
+    c.add_with(ambient_conflist(&c), "web", NS).expect("the plugin's ADD");
     assert_eq!(redirection(&c, NS, "web").as_deref(), Some("enabled"));
     assert_eq!(peer.received_for(RequestKind::Add, &web).len(), 1);
 }
@@ -316,7 +316,7 @@ fn the_plugin_sends_the_pods_uid_and_its_cni_error_carries_the_agents_refusal() 
 
     // The runtime's sandbox is for another incarnation of the pod.
     let stale = c.node.pod_netns();
-    let conf = pod_attachment(&stale, NS, "web").arg("K8S_POD_UID", "9a1b-stale");
+    let conf = pod_attachment(&stale, NS, "web", "9a1b-stale");
     let before = snapshot(&[stale.path(), c.node.netns().path()]);
     let error = match c.node.runtime().add(&list, &conf) {
         Err(RuntimeError::Plugin(e)) => e,
@@ -332,7 +332,7 @@ fn the_plugin_sends_the_pods_uid_and_its_cni_error_carries_the_agents_refusal() 
 
     // With the pod's own UID in CNI_ARGS, as the kubelet's runtime passes it, ADD enrolls the pod.
     let sandbox = c.node.pod_netns();
-    let conf = pod_attachment(&sandbox, NS, "web").arg("K8S_POD_UID", &web);
+    let conf = pod_attachment(&sandbox, NS, "web", &web);
     c.node.runtime().add(&list, &conf).unwrap_or_else(|e| panic!("ADD with the pod's UID: {e}\n{}", agent.log()));
     assert_eq!(redirection(&c, NS, "web").as_deref(), Some("enabled"));
     let adds = peer.received_for(RequestKind::Add, &web);

@@ -20,7 +20,7 @@ const OTHER_PORT: u16 = 8081;
 
 fn run(cluster: &Cluster, name: &str) -> Pod {
     cluster.create(&ambient_pod(NS, name));
-    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).unwrap_or_else(|e| panic!("ADD of {name}: {e}"))
+    cluster.add_with(ambient_conflist(cluster), name, NS).unwrap_or_else(|e| panic!("ADD of {name}: {e}"))
 }
 
 /// The host netns's nftables tables of the host probe SNAT (`istio-ambient-nat`), in `nft list` form.

@@ -248,7 +248,7 @@ impl DnsNode {
 /// Creates ambient pod `name` through the runtime; ADD returns once the proxy serves it.
 fn ambient_member(cluster: &Cluster, name: &str) -> Pod {
     cluster.create(&ambient_pod(NS, name));
-    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
+    cluster.add_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
 }
 
 #[test]

@@ -52,7 +52,7 @@ fn killing_the_proxy_under_load_makes_pod_traffic_fail_closed_never_plaintext_an
     let b_app = SocketAddr::from((scene.b.ip, APP_PORT));
     // A pod outside the mesh on the same node, for the inbound direction.
     scene.cluster.create(&plain_pod(NS, "c"));
-    let c = scene.cluster.node.try_add_pod_with(ambient_conflist(&scene.cluster), "c", NS).expect("ADD of c");
+    let c = scene.cluster.add_with(ambient_conflist(&scene.cluster), "c", NS).expect("ADD of c");
 
     // Four clients in A hammer B's app through the proxies, each keeping its own tally.
     let stop = AtomicBool::new(false);

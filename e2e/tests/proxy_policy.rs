@@ -31,14 +31,19 @@ fn scene(env: &[(&str, &str)]) -> Scene {
 /// A pod outside the mesh (not labelled for ambient) on the scene's node.
 fn plain_member(cluster: &Cluster, name: &str) -> Pod {
     cluster.create(&plain_pod(NS, name));
-    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
+    cluster.add_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
 }
 
 /// An app in `from` sends [`HELLO`] to `to`:8080, shuts down its write side and reads to the end: what came back.
 fn say_hello(from: &Pod, to: &Pod) -> io::Result<Vec<u8>> {
     let dst = SocketAddr::from((to.ip, APP_PORT));
     let ns = from.netns.open().expect("open pod netns");
-    let mut stream = ns.run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10))).expect("enter pod netns")?;
+    let stream = ns.run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10))).expect("enter pod netns")?;
+    hello_over(stream)
+}
+
+/// Sends [`HELLO`] on `stream`, half-closes it, and returns what came back.
+fn hello_over(mut stream: TcpStream) -> io::Result<Vec<u8>> {
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     stream.write_all(HELLO)?;
     stream.shutdown(Shutdown::Write)?;
@@ -53,7 +58,7 @@ fn host_says_hello(host: &NetnsGuard, to: &Pod, uid: Option<u32>) -> io::Result<
     let dst = SocketAddr::from((to.ip, APP_PORT));
     let ns = host.open().expect("open node netns");
     // A socket belongs to the fsuid of the thread creating it; `run`'s thread is thrown away afterwards.
-    let mut stream = ns
+    let stream = ns
         .run(|| {
             if let Some(uid) = uid {
                 nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
@@ -61,12 +66,7 @@ fn host_says_hello(host: &NetnsGuard, to: &Pod, uid: Option<u32>) -> io::Result<
             TcpStream::connect_timeout(&dst, Duration::from_secs(10))
         })
         .expect("enter node netns")?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.write_all(HELLO)?;
-    stream.shutdown(Shutdown::Write)?;
-    let mut back = Vec::new();
-    stream.read_to_end(&mut back)?;
-    Ok(back)
+    hello_over(stream)
 }
 
 /// `STRICT` covers what the in-pod capture hands the proxy, and only that. The kubelet's connections are SNATed on

@@ -297,7 +297,7 @@ fn plaintext_to_b_15008_never_reaches_b_app() {
     let cluster = &scene.base.cluster;
     // C is outside the mesh: its connections are not captured, so they reach B's 15008 as sent.
     cluster.create(&plain_pod(NS, "c"));
-    let c: Pod = cluster.node.try_add_pod_with(ambient_conflist(cluster), "c", NS).expect("ADD of c");
+    let c: Pod = cluster.add_with(ambient_conflist(cluster), "c", NS).expect("ADD of c");
     let b_hbone = SocketAddr::from((scene.base.b.ip, ports::HBONE));
     let b_app = SocketAddr::from((scene.base.b.ip, APP_PORT));
 

@@ -11,7 +11,7 @@ use fake_apiserver::{Config, FakeApiServer, WatchConfig};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
-use testbed::mesh::RuleBackend;
+use testbed::mesh::{api_config, chart_rbac, RuleBackend};
 use testbed::node_agent::{
     ambient_conflist, ambient_node, ambient_pod, netns_id, uid, NodeAgent, RequestKind, ZdsPeer,
 };
@@ -24,7 +24,7 @@ const ENROLLED: &str = "nodeagent_enrolled_pods";
 /// Stores an ambient pod and runs its ADD through the runtime; returns it with its UID once the proxy has it.
 fn enrolled(c: &Cluster, peer: &ZdsPeer, name: &str) -> (Pod, String) {
     c.create(&ambient_pod(NS, name));
-    let pod = c.node.try_add_pod_with(ambient_conflist(c), name, NS).unwrap_or_else(|e| panic!("ADD {name}: {e}"));
+    let pod = c.add_with(ambient_conflist(c), name, NS).unwrap_or_else(|e| panic!("ADD {name}: {e}"));
     let id = uid(c, NS, name);
     assert!(!peer.received_for(RequestKind::Add, &id).is_empty(), "ADD returned before the proxy had {name}");
     (pod, id)
@@ -90,9 +90,13 @@ fn a_pod_missing_from_a_restarted_api_servers_store_is_removed_after_the_relist(
     drop(std::mem::replace(&mut c.api, FakeApiServer::start().expect("stand-in server")));
     let node = c.node.netns().open().expect("open node netns");
     let listener = node.run(|| std::net::TcpListener::bind(addr)).expect("enter node netns").expect("rebind");
-    let config = Config { watch: WatchConfig { expire_unissued: true, ..WatchConfig::default() }, ..Config::default() };
+    // Same CA, token key and RBAC: the agent's credentials still work, only the store is older.
+    let config = Config {
+        watch: WatchConfig { expire_unissued: true, ..WatchConfig::default() },
+        ..api_config(&c.api_state_dir())
+    };
     let restarted = FakeApiServer::builder().config(config).listener(listener).start().expect("restart");
-    for object in restored {
+    for object in chart_rbac(&[]).into_iter().chain(restored) {
         restarted.upsert(object).expect("restore object");
     }
     c.api = restarted;

@@ -12,18 +12,31 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use istio_contract::paths;
+use istio_contract::{names, paths};
 use serde_json::json;
+use testbed::chart;
+use testbed::chart::Rendered;
+use testbed::hbone_proxy::Proxy;
 use testbed::install_cni::Installer;
-use testbed::mesh::RuleBackend;
+use testbed::mesh::{sidecar_pod, RuleBackend, CHART_SETS};
 use testbed::node_agent::{ambient_conflist, ambient_node, ambient_pod, namespace, redirection, NodeAgent, ZdsPeer};
 use testbed::Cluster;
 
 const NS: &str = "shop";
-/// The bearer token in the fake API's kubeconfig (the agent's and the plugin's credentials).
-const FAKE_API_TOKEN: &str = "fake-token";
-/// A line of the body of the CA certificate the installer puts into the kubeconfig.
-const CA_BODY_LINE: &str = "MIICyDCCAbCgAwIBAgIBADANBgkqhkiG9w0BAQsFADAVMRMwEQYDVQQDEwprdWJl";
+
+/// The bearer token of a kubeconfig (a binary's credentials).
+fn token_of(kubeconfig: &Path) -> String {
+    let text = std::fs::read_to_string(kubeconfig).unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));
+    let config: serde_json::Value = serde_yaml::from_str(&text).expect("kubeconfig is YAML");
+    let token = config["users"][0]["user"]["token"].as_str().expect("kubeconfig has a token user");
+    assert!(token.len() > 16, "a real token: {token}");
+    token.to_owned()
+}
+
+/// A line of the body of the cluster CA certificate, which the installer puts into the kubeconfig.
+fn ca_body_line(cluster: &Cluster) -> String {
+    cluster.ca_pem().lines().nth(1).expect("the CA PEM has a body").to_owned()
+}
 
 fn mode(path: &Path) -> u32 {
     std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display())).permissions().mode()
@@ -102,7 +115,7 @@ fn the_plugin_event_socket_serves_only_post_cmdadd_and_shrugs_off_garbage() {
     // None of it enrolled the pod or hurt the agent; the plugin's real ADD still works.
     assert_eq!(redirection(&c, NS, "web"), None, "a refused request touched the pod");
     assert_eq!(agent.probes(), (Some(200), Some(200)));
-    let pod = c.node.try_add_pod_with(ambient_conflist(&c), "web", NS).expect("ADD through the plugin");
+    let pod = c.add_with(ambient_conflist(&c), "web", NS).expect("ADD through the plugin");
     assert_eq!(redirection(&c, NS, "web").as_deref(), Some("enabled"));
     drop(pod);
 }
@@ -130,9 +143,14 @@ fn install_cni_at_trace_keeps_the_token_out_of_its_log_and_the_kubeconfig_out_of
     .unwrap();
     let run = installer.start();
     run.wait_readyz(200);
-    installer.sa.rotate("token-two");
+    let token_one = std::fs::read_to_string(installer.sa.path().join("token")).expect("service account token");
+    let token_two = cluster
+        .api
+        .rotate_service_account_token(chart::NAMESPACE, chart::CNI_SERVICE_ACCOUNT)
+        .expect("rotate the token");
+    installer.sa.rotate(&token_two);
     run.until("the rotated token reaches the kubeconfig", || {
-        std::fs::read_to_string(installer.kubeconfig()).ok().filter(|k| k.contains("token-two")).map(drop)
+        std::fs::read_to_string(installer.kubeconfig()).ok().filter(|k| k.contains(&token_two)).map(drop)
     });
 
     let kubeconfig = installer.kubeconfig();
@@ -142,11 +160,12 @@ fn install_cni_at_trace_keeps_the_token_out_of_its_log_and_the_kubeconfig_out_of
     for entry in std::fs::read_dir(&installer.net_d).unwrap() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(!text.contains("token-"), "{} holds the service-account token", path.display());
+        let held = [&token_one, &token_two].iter().any(|t| text.contains(t.as_str()));
+        assert!(!held, "{} holds the service-account token", path.display());
     }
     let log = run.log();
     assert!(log.contains("TRACE") || log.contains("DEBUG"), "the log is verbose: {log}");
-    let found = leaks(&log, &["token-one", "token-two", CA_BODY_LINE]);
+    let found = leaks(&log, &[&token_one, &token_two, &ca_body_line(&cluster)]);
     assert!(found.is_empty(), "install-cni logged secrets {found:?}:\n{log}");
 }
 
@@ -158,7 +177,7 @@ fn the_agent_and_the_plugin_at_trace_log_no_token_and_no_certificate() {
     let agent = NodeAgent::start(&cluster, &[("LOG_LEVEL", "trace")]);
     let _peer = ZdsPeer::connect(&agent);
     cluster.create(&ambient_pod(NS, "web"));
-    let mut pod = cluster.node.try_add_pod_with(ambient_conflist(&cluster), "web", NS).expect("ADD");
+    let mut pod = cluster.add_with(ambient_conflist(&cluster), "web", NS).expect("ADD");
     pod.del().expect("DEL");
     cluster.api.delete("Pod", Some(NS), "web");
 
@@ -167,10 +186,87 @@ fn the_agent_and_the_plugin_at_trace_log_no_token_and_no_certificate() {
         plugin_log.contains("web") && (plugin_log.contains("DEBUG") || plugin_log.contains("TRACE")),
         "the plugin logged the pod verbosely: {plugin_log}"
     );
-    let found = leaks(&plugin_log, &[FAKE_API_TOKEN]);
+    let plugin_token = token_of(&cluster.run_dir().join(paths::KUBECONFIG_FILE));
+    let found = leaks(&plugin_log, &[&plugin_token]);
     assert!(found.is_empty(), "the plugin logged secrets {found:?}:\n{plugin_log}");
     let log = agent.log();
     assert!(log.contains("TRACE"), "the agent logs at trace");
-    let found = leaks(&log, &[FAKE_API_TOKEN]);
+    let found = leaks(&log, &[&token_of(&agent.kubeconfig())]);
     assert!(found.is_empty(), "the agent logged secrets {found:?}");
+}
+
+/// Every binary talks to the API server as in production: over https (the test API server serves nothing else,
+/// and checks certificates against its own CA), each with its own service account's token, and the chart's RBAC
+/// grants everything it asks for: the request log holds no 401 or 403 and no other user.
+#[test]
+fn every_binary_talks_https_to_the_api_server_as_its_own_service_account_and_nothing_is_refused() {
+    let cluster = Cluster::with_backend(RuleBackend::Nftables);
+    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+    assert!(cluster.api.url().starts_with("https://"), "the API server serves https: {}", cluster.api.url());
+    let account = |name: &str| format!("system:serviceaccount:{}:{name}", chart::NAMESPACE);
+    let (cni, proxy_account) = (account(chart::CNI_SERVICE_ACCOUNT), account(chart::PROXY_SERVICE_ACCOUNT));
+
+    // Our DaemonSet as the chart renders it, and this node, so install-cni's safe-upgrade check on SIGTERM finds
+    // an upgrade and leaves the plugin's kubeconfig in place.
+    let daemonset = Rendered::new(&CHART_SETS).get("DaemonSet", names::CNI_DAEMONSET).clone();
+    cluster.api.upsert(daemonset).expect("store the DaemonSet");
+    let node = json!({ "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": "node-1", "labels": { "kubernetes.io/os": "linux" } } });
+    cluster.api.upsert(node).expect("store the node");
+
+    // install-cni, on its in-cluster credentials, writes the plugin's kubeconfig; the plugin's ADD of a sidecar
+    // pod reads the pod with it, before anything else that reads pods runs.
+    let mut installer = Installer::new(&cluster);
+    installer.env("AMBIENT_ENABLED", "true");
+    let primary = serde_json::to_string_pretty(&cluster.node.conflist(vec![])).expect("conflist JSON");
+    std::fs::write(installer.net_d.join("10-bridge.conflist"), primary).expect("write the primary conflist");
+    let mut install = installer.start();
+    install.wait_readyz(200);
+    let kubeconfig = std::fs::read_to_string(installer.kubeconfig()).expect("install-cni wrote the kubeconfig");
+    let https = format!("server: {}", cluster.api.url());
+    assert!(kubeconfig.contains(&https) && kubeconfig.contains("certificate-authority-data"), "{kubeconfig}");
+    let sidecar = cluster.run(&sidecar_pod(NS, "web"));
+    let pod_path = |name: &str| format!("/api/v1/namespaces/{NS}/pods/{name}");
+    let plugin_read = cluster
+        .api
+        .cluster()
+        .requests()
+        .iter()
+        .any(|r| r.user == cni && r.verb == "get" && r.path == pod_path("web") && r.status == 200);
+    assert!(plugin_read, "the plugin read its pod as {cni}: {:#?}", cluster.api.cluster().requests());
+    let made = |user: &str, verb: &str, path: &str| {
+        cluster.api.cluster().requests().iter().any(|r| r.user == user && r.verb == verb && r.path == path)
+    };
+
+    // install-cni's safe-upgrade check on SIGTERM reads our DaemonSet (and this node), and finds an upgrade.
+    install.terminate();
+    let daemonset = format!("/apis/apps/v1/namespaces/{}/daemonsets/{}", chart::NAMESPACE, names::CNI_DAEMONSET);
+    assert!(made(&cni, "get", &daemonset), "install-cni asked for its DaemonSet as {cni}:\n{}", install.log());
+    assert!(installer.kubeconfig().exists(), "an upgrade keeps the plugin's kubeconfig:\n{}", install.log());
+
+    // The node agent and the node proxy (on its Kubernetes workload source), and an ambient pod enrolled.
+    let agent = NodeAgent::start(&cluster, &[]);
+    let dir = tempfile::tempdir().expect("proxy dir");
+    let proxy_kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig_for(&proxy_kubeconfig, chart::PROXY_SERVICE_ACCOUNT);
+    let env = [("KUBECONFIG", proxy_kubeconfig.to_str().expect("UTF-8 path"))];
+    let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &env);
+    cluster.create(&ambient_pod(NS, "frontend"));
+    let mut ambient = cluster.add_with(ambient_conflist(&cluster), "frontend", NS).expect("ambient ADD");
+    assert_eq!(redirection(&cluster, NS, "frontend").as_deref(), Some("enabled"));
+    assert!(made(&cni, "patch", &format!("{}/status", pod_path("frontend"))), "the agent annotated as {cni}");
+    let pods = "/api/v1/pods";
+    testbed::wait::eventually("the proxy watches pods as its own service account", || {
+        made(&proxy_account, "watch", pods).then_some(())
+    });
+    ambient.del().expect("ambient DEL");
+    drop(sidecar);
+    drop(proxy);
+
+    let requests = cluster.api.cluster().requests();
+    let odd: Vec<_> = requests
+        .iter()
+        .filter(|r| matches!(r.status, 401 | 403) || (r.user != cni && r.user != proxy_account))
+        .collect();
+    assert!(odd.is_empty(), "requests refused or not made as the chart's service accounts: {odd:#?}");
 }

@@ -67,15 +67,7 @@ impl Agent {
             native_nftables: config.native_nftables,
             enable_ambient_detection_retry: config.enable_ambient_detection_retry,
         };
-        let nonempty = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
-        let kube = KubeconfigSettings {
-            protocol: nonempty(&config.kubernetes_service_protocol),
-            host: nonempty(&config.kubernetes_service_host),
-            port: nonempty(&config.kubernetes_service_port),
-            ca_file: config.kube_ca_file.clone(),
-            skip_tls_verify: config.skip_tls_verify,
-            service_account_dir: config.service_account_dir.clone(),
-        };
+        let kube = config.kubeconfig_settings();
         let journal = Journal::load(&config.cni_agent_run_dir);
         let fight = FightDetector::new(config.config_fight_threshold, config.config_fight_window);
         Self {

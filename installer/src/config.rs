@@ -7,6 +7,8 @@ use clap::{ArgAction, Parser};
 use istio_contract::enablement::Selectors;
 use istio_contract::paths;
 
+use crate::kubeconfig::KubeconfigSettings;
+
 /// Every setting of the agent. Validated once in [`Config::validate`] and passed down by reference.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "install-cni", about = "Installs istio-cni on this node and keeps it installed")]
@@ -194,6 +196,19 @@ impl Config {
     /// Bin dirs to install into: the host's, then the secondary one.
     pub fn target_bin_dirs(&self) -> Vec<PathBuf> {
         std::iter::once(self.host_cni_bin_dir.clone()).chain(self.secondary_bin_dir.clone()).collect()
+    }
+
+    /// Where the plugin's kubeconfig (and install-cni's own API client) takes its server, CA and token from.
+    pub fn kubeconfig_settings(&self) -> KubeconfigSettings {
+        let nonempty = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+        KubeconfigSettings {
+            protocol: nonempty(&self.kubernetes_service_protocol),
+            host: nonempty(&self.kubernetes_service_host),
+            port: nonempty(&self.kubernetes_service_port),
+            ca_file: self.kube_ca_file.clone(),
+            skip_tls_verify: self.skip_tls_verify,
+            service_account_dir: self.service_account_dir.clone(),
+        }
     }
 
     /// Where the plugin's kubeconfig goes.

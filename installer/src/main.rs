@@ -95,7 +95,13 @@ async fn keep_installed(config: &Config) -> bool {
     if !config.ambient_enabled || config.ambient_disable_safe_upgrade {
         return false;
     }
-    match safe_upgrade::verdict(&config.pod_namespace, &config.node_name).await {
+    let verdict = match safe_upgrade::client(&config.kubeconfig_settings()).await {
+        Ok(client) => {
+            safe_upgrade::verdict(client, &config.pod_namespace, &config.node_name).await.map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    match verdict {
         Ok(Verdict::KeepInstalled) => true,
         Ok(Verdict::CleanUp(reason)) => {
             tracing::info!(%reason, "uninstalling");

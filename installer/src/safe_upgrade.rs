@@ -6,7 +6,39 @@ use std::collections::BTreeMap;
 use istio_contract::names::CNI_DAEMONSET;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
+
+use crate::kubeconfig::{self, KubeconfigError, KubeconfigSettings};
+
+/// Why install-cni could not make its API client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The in-cluster settings or service-account files are unusable.
+    #[error(transparent)]
+    Settings(#[from] KubeconfigError),
+    /// The kubeconfig (`KUBECONFIG`, or the one rendered from the service account) was refused.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    /// The client could not be built.
+    #[error("API client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// install-cni's own API client. With `KUBECONFIG` set (development), that file; otherwise the in-cluster
+/// credentials of `settings`: `KUBERNETES_SERVICE_HOST`/`PORT`, the token and CA in `SERVICE_ACCOUNT_DIR`
+/// (or `KUBE_CA_FILE`), i.e. exactly what the plugin's kubeconfig carries, so install-cni talks to the API
+/// server as the plugin will. (kube's own in-cluster config reads only the fixed default service-account path.)
+pub async fn client(settings: &KubeconfigSettings) -> Result<Client, ClientError> {
+    if std::env::var_os("KUBECONFIG").is_some() {
+        return Ok(Client::try_default().await?);
+    }
+    let rendered = kubeconfig::render(settings)?;
+    let text = String::from_utf8_lossy(rendered.as_bytes());
+    let config =
+        kube::Config::from_custom_kubeconfig(Kubeconfig::from_yaml(&text)?, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
 
 /// What the API says about our DaemonSet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,9 +49,8 @@ pub enum Verdict {
     CleanUp(String),
 }
 
-/// Asks the API server (in-cluster config, or `KUBECONFIG`) whether this is an upgrade or an uninstall.
-pub async fn verdict(namespace: &str, node_name: &str) -> Result<Verdict, kube::Error> {
-    let client = Client::try_default().await?;
+/// Asks the API server (through [`client`]) whether this is an upgrade or an uninstall.
+pub async fn verdict(client: Client, namespace: &str, node_name: &str) -> Result<Verdict, kube::Error> {
     let Some(ds) = Api::<DaemonSet>::namespaced(client.clone(), namespace).get_opt(CNI_DAEMONSET).await? else {
         return Ok(Verdict::CleanUp(format!("DaemonSet {namespace}/{CNI_DAEMONSET} is gone")));
     };

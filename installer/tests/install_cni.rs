@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use installer::crash::{Step, CRASH_AFTER_ENV};
 use istio_contract::{names, ports};
 use serde_json::{json, Value};
+use testbed::chart;
 use testbed::install_cni::{InstallCni, Installer};
 use testbed::mesh::sidecar_pod;
 use testbed::{Cluster, NetworkConfigList};
@@ -94,8 +95,9 @@ fn installs_into_a_bridge_conflist_and_a_new_sidecar_pod_gets_its_rules() {
 
     let meta = std::fs::metadata(installer.kubeconfig()).expect("kubeconfig written into the run dir");
     assert_eq!(meta.mode() & 0o777, 0o600);
-    assert!(kubeconfig_text(&installer).contains("token-one"), "kubeconfig lacks the service-account token");
-    assert!(!run.log().contains("token-one"), "the token was logged");
+    let token = installer.sa.token();
+    assert!(kubeconfig_text(&installer).contains(&token), "kubeconfig lacks the service-account token");
+    assert!(!run.log().contains(&token), "the token was logged");
     assert_eq!(run.get(ports::CNI_READINESS, "/healthz").unwrap().0, 200);
     assert_eq!(run.metric("istio_cni_install_ready"), Some(1.0));
 
@@ -183,17 +185,22 @@ fn sample_until(path: &Path, stop: &AtomicBool) -> (usize, Vec<String>) {
 
 #[test]
 fn a_rotated_token_reaches_the_kubeconfig() {
-    let (_cluster, mut installer) = node_with_bridge();
+    let (cluster, mut installer) = node_with_bridge();
     let run = installed(&installer);
-    assert!(kubeconfig_text(&installer).contains("token-one"));
+    let token_one = installer.sa.token();
+    assert!(kubeconfig_text(&installer).contains(&token_one));
 
-    installer.sa.rotate("token-two");
+    let token_two = cluster
+        .api
+        .rotate_service_account_token(chart::NAMESPACE, chart::CNI_SERVICE_ACCOUNT)
+        .expect("rotate the service account's token");
+    installer.sa.rotate(&token_two);
     run.until("the kubeconfig holds the rotated token", || {
         let text = kubeconfig_text(&installer);
-        (text.contains("token-two") && !text.contains("token-one")).then_some(())
+        (text.contains(&token_two) && !text.contains(&token_one)).then_some(())
     });
     run.wait_readyz(200);
-    assert!(!run.log().contains("token-two"), "the token was logged");
+    assert!(!run.log().contains(&token_two), "the token was logged");
 }
 
 #[test]

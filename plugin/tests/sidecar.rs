@@ -295,6 +295,25 @@ fn check_and_repeated_del_succeed_for_a_sidecar_pod() {
     web.check().expect("CHECK");
     web.del().expect("DEL");
     web.del().expect("repeated DEL");
+    // containerd's repeated StopPodSandbox once the netns is gone: DEL with CNI_NETNS="" must succeed.
+    let out = std::process::Command::new("ip").args(["netns", "del", web.netns.name()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    web.del_without_netns().expect("DEL without a netns");
+}
+
+#[test]
+fn check_without_a_cached_result_is_refused_by_the_plugin() {
+    // libcni runs CHECK even when nothing is cached, without a prevResult: the plugin itself must refuse.
+    let c = Cluster::new();
+    let list =
+        NetworkConfigList::from_value(json!({"cniVersion": "1.0.0", "name": "solo", "plugins": [c.istio_cni()]}))
+            .unwrap();
+    let ns = c.node.pod_netns();
+    let conf = RuntimeConf::new("never-added", ns.path());
+    let err = c.node.runtime().check(&list, &conf).expect_err("CHECK of an attachment never added");
+    let RuntimeError::Plugin(e) = &err else { panic!("not the plugin's refusal: {err}") };
+    assert_eq!((e.plugin.as_str(), e.code), ("istio-cni", Some(7)), "{err}");
+    assert!(e.msg.contains("prevResult"), "{err}");
 }
 
 #[test]

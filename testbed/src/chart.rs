@@ -14,6 +14,13 @@ use crate::bins;
 pub const NAMESPACE: &str = "istio-system";
 /// Kubernetes version renders and validation assume, so the output does not depend on helm's default.
 pub const KUBE_VERSION: &str = "1.32.0";
+/// The service account istio-cni-node runs as: install-cni, the node agent, and the plugin through the
+/// kubeconfig install-cni writes (as the chart names it).
+pub const CNI_SERVICE_ACCOUNT: &str = "istio-cni";
+/// The service account the bundled node proxy runs as (as the chart names it).
+pub const PROXY_SERVICE_ACCOUNT: &str = "hbone-proxy";
+/// The kinds that make up the chart's RBAC: who its pods run as and what they may do.
+const RBAC_KINDS: [&str; 5] = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
 
 /// The chart's directory.
 pub fn chart_dir() -> PathBuf {
@@ -140,6 +147,12 @@ impl Rendered {
             .flatten()
             .map(|(k, v)| (k.clone(), v.as_str().expect("ConfigMap values are strings").to_owned()))
             .collect()
+    }
+
+    /// The rendered service accounts, roles and bindings, in render order: what an API server enforcing RBAC
+    /// is seeded with.
+    pub fn rbac(&self) -> Vec<Value> {
+        self.objects.iter().filter(|o| RBAC_KINDS.iter().any(|k| o["kind"] == *k)).cloned().collect()
     }
 
     /// The rules of ClusterRole `name` as `(resource, verb)` pairs.

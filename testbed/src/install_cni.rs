@@ -16,27 +16,7 @@ use nix::unistd::Pid;
 use crate::wait::{eventually, eventually_or};
 use tempfile::TempDir;
 
-use crate::{bins, Cluster};
-
-/// A real CA certificate (Istio's install-cni test data), so the plugin's kube client accepts the kubeconfig.
-const CA_CRT: &str = "-----BEGIN CERTIFICATE-----
-MIICyDCCAbCgAwIBAgIBADANBgkqhkiG9w0BAQsFADAVMRMwEQYDVQQDEwprdWJl
-cm5ldGVzMB4XDTE4MDgwNzAzMTMzMVoXDTI4MDgwNDAzMTMzMVowFTETMBEGA1UE
-AxMKa3ViZXJuZXRlczCCASIwDQYJKoZIhvcNAQEBBQADggEPADCCAQoCggEBANg8
-LXYkN2/z/2hlu1IW6dwWGYG3ridR7mqhB5mefAF7Z71MMrXQRE5HRFZiwkKZPvDy
-G13db0ULIYdXSM4vCb8ZcSdFZUB3fc9eLR5bXnxJK1o/weNteNblFHRKhaAjJNiG
-2QM13eConFawTYN9HAjKUBKz+MC8S0nSdXy0zwA8LhoDhbS05NO2WdGjlxoaPR9b
-YUnXuC3XnF/kAgMZM28O+VcCWfQsyyg74BI129LKDISBN+tgJj07bvyticmeNl84
-d1jTpjO+DUdcixL6QaBy4vHtMiM1izUMnXtVpInNzco8qhpqTEu6Jq4HK/7G1ORj
-3uMWwy+Yq4SVc9ICk1UCAwEAAaMjMCEwDgYDVR0PAQH/BAQDAgKkMA8GA1UdEwEB
-/wQFMAMBAf8wDQYJKoZIhvcNAQELBQADggEBAJC+Aox7THJucj4JBebNfbrxlZR6
-KHQgSzqH711an63ts5AG/Ts4fmaZZRv5uLAEIy2QF9mmwmgPRBAbC8pBAUMA5XM9
-JFDPMTaiYCexZE/Hfo/U/50B0l3HkxPT++8tNgAoFnmlXjS4xCbpzS9tYQuRvRrH
-ROqZ8Jh7m+LRSKf3VAPpHDjIE4eV+bvjdXYF334ujraJY0y6Qh9mFgMg8TFZHzcu
-Qsx/ME0mx6Is0QSDlj4QQHd3ZNYCMEovps3cbaFKlLmwlFVVLRVKRZsQNJOKR++5
-hS4gquZELb6yy16M4E5+sfeHqCDg7zlAMyXPzZlq5gVgn98MVjrWlEG5RRE=
------END CERTIFICATE-----
-";
+use crate::{bins, chart, Cluster};
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
 
@@ -46,19 +26,25 @@ static RUNS: AtomicUsize = AtomicUsize::new(0);
 #[derive(Debug)]
 pub struct ServiceAccountDir {
     dir: TempDir,
+    ca_pem: String,
     generation: u32,
 }
 
 impl ServiceAccountDir {
-    /// A volume holding `token`, the test CA and namespace `istio-system`.
-    pub fn new(token: &str) -> Self {
+    /// A volume holding `token`, the cluster CA `ca_pem` and namespace `istio-system`.
+    pub fn new(token: &str, ca_pem: &str) -> Self {
         let dir = tempfile::Builder::new().prefix("sa-").tempdir().expect("service account tempdir");
-        let mut sa = Self { dir, generation: 0 };
+        let mut sa = Self { dir, ca_pem: ca_pem.to_owned(), generation: 0 };
         sa.rotate(token);
         for name in ["token", "ca.crt", "namespace"] {
             symlink(format!("..data/{name}"), sa.path().join(name)).expect("service account file link");
         }
         sa
+    }
+
+    /// The token the volume holds now.
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.path().join("token")).expect("read the service account token")
     }
 
     /// The dir to pass as `SERVICE_ACCOUNT_DIR`.
@@ -72,7 +58,7 @@ impl ServiceAccountDir {
         let stamp = format!("..2026_11_30_00_00_{:02}.{}", self.generation, self.generation);
         let data = self.path().join(&stamp);
         std::fs::create_dir(&data).expect("timestamped dir");
-        for (name, content) in [("token", token), ("ca.crt", CA_CRT), ("namespace", "istio-system")] {
+        for (name, content) in [("token", token), ("ca.crt", self.ca_pem.as_str()), ("namespace", chart::NAMESPACE)] {
             std::fs::write(data.join(name), content).expect("service account file");
         }
         let tmp = self.path().join("..data_tmp");
@@ -82,7 +68,8 @@ impl ServiceAccountDir {
 }
 
 /// Everything an `install-cni` run needs on a [`Cluster`]'s node: the image's bin dir (a copy of the built
-/// plugin), the service account, the fake API's kubeconfig (for the safe-upgrade check) and the env.
+/// plugin), the service account (the istio-cni service account's token and the cluster CA: install-cni's
+/// in-cluster credentials, for its own API requests and the plugin's kubeconfig) and the env.
 #[derive(Debug)]
 pub struct Installer {
     env: Vec<(String, String)>,
@@ -110,11 +97,9 @@ impl Installer {
         let built = bins::path(names::PLUGIN_TYPE);
         let copy = source_dir.join(names::PLUGIN_TYPE);
         std::fs::hard_link(&built, &copy).or_else(|_| std::fs::copy(&built, &copy).map(drop)).expect("copy plugin");
-        let api_kubeconfig = scratch.path().join("api-kubeconfig");
-        cluster.api.write_kubeconfig(&api_kubeconfig).expect("fake API kubeconfig");
         let run_dir = cluster.run_dir();
         let _ = std::fs::remove_file(run_dir.join(paths::KUBECONFIG_FILE));
-        let sa = ServiceAccountDir::new("token-one");
+        let sa = ServiceAccountDir::new(&cluster.token(chart::CNI_SERVICE_ACCOUNT), &cluster.ca_pem());
         let path = |p: &Path| p.display().to_string();
         let env = [
             ("PATH", std::env::var("PATH").unwrap_or_default()),
@@ -123,11 +108,9 @@ impl Installer {
             ("HOST_CNI_BIN_DIR", path(&cluster.node.bin_dir())),
             ("CNI_AGENT_RUN_DIR", path(&run_dir)),
             ("SERVICE_ACCOUNT_DIR", path(sa.path())),
-            ("KUBERNETES_SERVICE_PROTOCOL", "http".into()),
-            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_HOST", cluster.api.addr().ip().to_string()),
             ("KUBERNETES_SERVICE_PORT", cluster.api.addr().port().to_string()),
-            ("KUBECONFIG", path(&api_kubeconfig)),
-            ("POD_NAMESPACE", "istio-system".into()),
+            ("POD_NAMESPACE", chart::NAMESPACE.into()),
             ("POD_NAME", "istio-cni-node-test".into()),
             ("NODE_NAME", "node-1".into()),
             ("EXCLUDE_NAMESPACES", "kube-system".into()),

@@ -1,11 +1,17 @@
 //! "A node in a cluster": a [`Node`] plus the fake Kubernetes API serving its pods, and our `istio-cni`
 //! chained after `bridge` with a kubeconfig in its run dir, the way install-cni leaves a real node.
+//!
+//! The API server is as strict as a real one about who may do what: https with its own CA, a bearer token on
+//! every request, and the chart's own RBAC ([`CHART_SETS`]), so each binary connects with the credentials it
+//! has in production (its service account's token and the cluster CA) and a request the chart does not grant
+//! gets 403. Deletion and watches stay lenient unless a test asks for more.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use fake_apiserver::FakeApiServer;
+use fake_apiserver::{Config, FakeApiServer, RequestRecord};
 use serde_json::{json, Value};
 
+use crate::chart::{self, Rendered};
 use crate::node::{Node, Pod};
 use crate::runtime::RuntimeError;
 use crate::NetnsGuard;
@@ -50,6 +56,32 @@ impl RuleBackend {
     }
 }
 
+/// The chart values a test cluster's RBAC is rendered with: ambient and the bundled node proxy on, repair as
+/// the chart's default ([`Cluster::seed_chart_rbac`] adds more).
+pub const CHART_SETS: [&str; 2] = ["ambient.enabled=true", "proxy.enabled=true"];
+
+/// The fake API server's configuration for test clusters: https with its own CA, a bearer token required and
+/// RBAC enforced, the CA and token key kept in `state_dir` (so a server restarted there is trusted by the
+/// running binaries and accepts their tokens). Deletion is instant and watches lenient.
+pub fn api_config(state_dir: &Path) -> Config {
+    Config {
+        tls: true,
+        authentication: true,
+        rbac: true,
+        state_dir: Some(state_dir.to_path_buf()),
+        ..Config::default()
+    }
+}
+
+/// The API server's state dir, under the node's dir.
+const API_STATE_DIR: &str = "apiserver";
+
+/// The chart's service accounts, roles and bindings, rendered with [`CHART_SETS`] plus `sets`.
+pub fn chart_rbac(sets: &[&str]) -> Vec<Value> {
+    let sets: Vec<&str> = CHART_SETS.iter().chain(sets).copied().collect();
+    Rendered::new(&sets).rbac()
+}
+
 /// A node whose pods are served by a fake API server.
 pub struct Cluster {
     /// The node (netns, bridge, runtime).
@@ -61,7 +93,9 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the API server and writes its kubeconfig to `<run dir>/istio-cni-kubeconfig`.
+    /// Starts the API server ([`api_config`], seeded with the chart's RBAC) and writes the plugin's kubeconfig
+    /// to `<run dir>/istio-cni-kubeconfig` as install-cni does: https, the cluster CA, the istio-cni service
+    /// account's token.
     pub fn new() -> Self {
         Self::with_backend(RuleBackend::IptablesNft)
     }
@@ -73,13 +107,53 @@ impl Cluster {
         // server is reachable from a real node's host network.
         let ns = node.netns().open().expect("open node netns");
         let listener = ns.run(|| std::net::TcpListener::bind("127.0.0.1:0")).expect("enter node netns");
-        let api = FakeApiServer::start_with_listener(listener.expect("bind API server in node netns"))
+        let api = FakeApiServer::builder()
+            .config(api_config(&node.dir().join(API_STATE_DIR)))
+            .listener(listener.expect("bind API server in node netns"))
+            .start()
             .expect("start fake API server");
         let cluster = Self { node, api, plugin_overrides: backend.netconf() };
+        cluster.seed_chart_rbac(&[]);
         std::fs::create_dir_all(cluster.run_dir()).expect("run dir");
-        let kubeconfig = cluster.run_dir().join("istio-cni-kubeconfig");
-        cluster.api.write_kubeconfig(&kubeconfig).expect("write kubeconfig");
+        let kubeconfig = cluster.run_dir().join(istio_contract::paths::KUBECONFIG_FILE);
+        cluster.write_kubeconfig_for(&kubeconfig, chart::CNI_SERVICE_ACCOUNT);
         cluster
+    }
+
+    /// Where the API server keeps its CA and token key; a server restarted with [`api_config`] on it is trusted
+    /// by the running binaries and accepts their tokens.
+    pub fn api_state_dir(&self) -> PathBuf {
+        self.node.dir().join(API_STATE_DIR)
+    }
+
+    /// Stores the chart's service accounts, roles and bindings, rendered with [`CHART_SETS`] plus `sets` (e.g.
+    /// `repair.labelPods=true`), in the API server; what they do not grant gets 403.
+    pub fn seed_chart_rbac(&self, sets: &[&str]) {
+        for object in chart_rbac(sets) {
+            self.api.upsert(object).expect("store the chart's RBAC");
+        }
+    }
+
+    /// A fresh token of the chart's service account `service_account` (in the chart's namespace), as a pod
+    /// mounts it.
+    pub fn token(&self, service_account: &str) -> String {
+        self.api.service_account_token(chart::NAMESPACE, service_account)
+    }
+
+    /// A kubeconfig for the API server (https, its CA) that authenticates as the chart's `service_account`.
+    pub fn kubeconfig_for(&self, service_account: &str) -> String {
+        self.api.kubeconfig_with_token(&self.token(service_account))
+    }
+
+    /// Writes [`Cluster::kubeconfig_for`] to `path`.
+    #[track_caller]
+    pub fn write_kubeconfig_for(&self, path: &Path, service_account: &str) {
+        fake_apiserver::write_file_atomically(path, &self.kubeconfig_for(service_account)).expect("write kubeconfig");
+    }
+
+    /// The API server's CA certificate (PEM), as a pod finds it in its service account's `ca.crt`.
+    pub fn ca_pem(&self) -> String {
+        self.api.ca_pem().expect("the test API server serves https")
     }
 
     /// The plugin's `cni_agent_run_dir`.
@@ -119,13 +193,35 @@ impl Cluster {
     /// Creates the pod through the runtime (bridge + istio-cni); the Pod object must already be stored.
     pub fn add(&self, pod: &Value) -> Result<Pod, RuntimeError> {
         let (ns, name) = (pod["metadata"]["namespace"].as_str().unwrap(), pod["metadata"]["name"].as_str().unwrap());
-        self.node.try_add_pod_with(self.conflist(), name, ns)
+        self.add_with(self.conflist(), name, ns)
+    }
+
+    /// Creates pod `namespace/name` through the runtime with `conflist`, passing the stored Pod's UID as
+    /// `K8S_POD_UID` as containerd does (empty when the pod is not stored).
+    pub fn add_with(&self, conflist: Value, name: &str, namespace: &str) -> Result<Pod, RuntimeError> {
+        let stored = self.api.get("Pod", Some(namespace), name);
+        let uid = stored.as_ref().and_then(|p| p["metadata"]["uid"].as_str()).unwrap_or_default();
+        self.node.try_add_pod_with_uid(conflist, name, namespace, uid)
     }
 
     /// Stores the Pod object, then runs ADD, panicking on failure.
     pub fn run(&self, pod: &Value) -> Pod {
         self.create(pod);
         self.add(pod).unwrap_or_else(|e| panic!("CNI ADD of {} failed: {e}", pod["metadata"]["name"]))
+    }
+}
+
+/// A test that passes while a binary was refused by the API server has missed something: every request must be
+/// authenticated and granted by the chart's RBAC (checked when the cluster goes, unless the test already failed).
+/// A 403 without a user is a fault the test injected before authentication, not a refusal.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let refused = |r: &RequestRecord| r.status == 401 || (r.status == 403 && !r.user.is_empty());
+        let refused: Vec<_> = self.api.cluster().requests().into_iter().filter(refused).collect();
+        assert!(refused.is_empty(), "the API server refused requests (401: no valid token, 403: RBAC): {refused:#?}");
     }
 }
 

@@ -145,9 +145,21 @@ impl Node {
     /// Like [`Node::try_add_pod`] with a conflist the test built itself (e.g. another cniVersion or a
     /// dual-stack IPAM range).
     pub fn try_add_pod_with(&self, conflist: Value, name: &str, namespace: &str) -> Result<Pod, RuntimeError> {
+        self.try_add_pod_with_uid(conflist, name, namespace, "")
+    }
+
+    /// Like [`Node::try_add_pod_with`] for a pod whose UID is known (the Pod object's `metadata.uid`), sent as
+    /// `K8S_POD_UID` as containerd does; [`Node::try_add_pod_with`] sends it empty.
+    pub fn try_add_pod_with_uid(
+        &self,
+        conflist: Value,
+        name: &str,
+        namespace: &str,
+        uid: &str,
+    ) -> Result<Pod, RuntimeError> {
         let list = NetworkConfigList::from_value(conflist)?;
         let netns = self.pod_netns();
-        let conf = pod_attachment(&netns, namespace, name);
+        let conf = pod_attachment(&netns, namespace, name, uid);
         match self.runtime.add(&list, &conf) {
             Ok(result) => {
                 let ip = first_ipv4(&result)
@@ -199,6 +211,15 @@ impl Pod {
         self.runtime.del(&self.list, &self.conf)
     }
 
+    /// Runs CNI DEL for this pod as containerd does once the sandbox's netns is gone (a repeated
+    /// StopPodSandbox): with `CNI_NETNS=""`. Plugins must succeed.
+    pub fn del_without_netns(&mut self) -> Result<(), RuntimeError> {
+        self.deleted = true;
+        let mut conf = self.conf.clone();
+        conf.netns = PathBuf::new();
+        self.runtime.del(&self.list, &conf)
+    }
+
     /// Where the runtime cached this pod's ADD result.
     pub fn cache_path(&self) -> PathBuf {
         self.runtime.cache_path(&self.list.name, &self.conf)
@@ -215,15 +236,28 @@ impl Drop for Pod {
     }
 }
 
-/// The attachment of pod `namespace/name` in `netns` as kubelet's runtimes describe it: a container id, the netns,
-/// and the `CNI_ARGS` they pass.
-pub fn pod_attachment(netns: &NetnsGuard, namespace: &str, name: &str) -> RuntimeConf {
+/// The attachment of pod `namespace/name` (UID `uid`) in `netns` as containerd's CRI describes it: the sandbox
+/// id as container id, the netns, and the `CNI_ARGS` containerd sends (`toCNILabels`): `IgnoreUnknown=1`,
+/// `K8S_POD_NAMESPACE`, `K8S_POD_NAME`, `K8S_POD_INFRA_CONTAINER_ID` (the sandbox id) and `K8S_POD_UID`, the
+/// last empty when the sandbox config names no UID. Containerd keeps them in a Go map, so their order differs
+/// from call to call; here each pod gets its own order (fixed by its sandbox id, so a failure replays), so a
+/// plugin that depends on the order fails on some pods.
+pub fn pod_attachment(netns: &NetnsGuard, namespace: &str, name: &str, uid: &str) -> RuntimeConf {
     let id = format!("{}-{name}", netns.name());
-    RuntimeConf::new(&id, netns.path())
-        .arg("IgnoreUnknown", "1")
-        .arg("K8S_POD_NAMESPACE", namespace)
-        .arg("K8S_POD_NAME", name)
-        .arg("K8S_POD_INFRA_CONTAINER_ID", &id)
+    let mut args = [
+        ("IgnoreUnknown", "1"),
+        ("K8S_POD_NAMESPACE", namespace),
+        ("K8S_POD_NAME", name),
+        ("K8S_POD_INFRA_CONTAINER_ID", id.as_str()),
+        ("K8S_POD_UID", uid),
+    ];
+    // A permutation drawn from the sandbox id (FNV-1a, then a Fisher-Yates shuffle on it).
+    let mut seed = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    for i in (1..args.len()).rev() {
+        args.swap(i, (seed % (i as u64 + 1)) as usize);
+        seed = seed.rotate_right(7).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    args.iter().fold(RuntimeConf::new(&id, netns.path()), |conf, (k, v)| conf.arg(k, v))
 }
 
 /// The first IPv4 address (without prefix) in a CNI result's `ips`.

@@ -23,7 +23,7 @@ use zds::messages::{workload_request::Payload, WorkloadInfo};
 use crate::kubelet::Kubelet;
 use crate::mesh::{plain_pod, Cluster, RuleBackend};
 use crate::wait::eventually;
-use crate::{bins, NetnsGuard};
+use crate::{bins, chart, NetnsGuard};
 
 /// The agent's own debug logs, without the HTTP and TLS client chatter.
 const LOG_LEVEL: &str = "debug,hyper_util=info,kube_client=info,tower=info,rustls=info,rustls_platform_verifier=info";
@@ -125,8 +125,9 @@ pub struct NodeAgent {
 }
 
 impl NodeAgent {
-    /// Spawns the agent inside `cluster`'s node netns with a cleared env: node `node-1`, the fake API's
-    /// kubeconfig, the cluster's run dir, a private ZDS socket, the cluster's rule backend, then `overrides`; a
+    /// Spawns the agent inside `cluster`'s node netns with a cleared env: node `node-1`, a kubeconfig with the
+    /// istio-cni service account's token and the cluster CA (the chart's RBAC for its repair settings is
+    /// seeded), the cluster's run dir, a private ZDS socket, the cluster's rule backend, then `overrides`; a
     /// stand-in [`Kubelet`] runs beside it, as on a node. Returns once `/readyz` answers 200, i.e. the caches
     /// synced and both sockets are served.
     #[track_caller]
@@ -159,7 +160,8 @@ impl NodeAgent {
         let kubelet = Kubelet::start();
         let scratch = tempfile::Builder::new().prefix("node-agent-").tempdir().expect("node agent tempdir");
         let kubeconfig = scratch.path().join("kubeconfig");
-        cluster.api.write_kubeconfig(&kubeconfig).expect("fake API kubeconfig");
+        cluster.write_kubeconfig_for(&kubeconfig, chart::CNI_SERVICE_ACCOUNT);
+        cluster.seed_chart_rbac(&repair_sets(overrides));
         let log = scratch.path().join(format!("node-agent-{}.log", RUNS.fetch_add(1, Ordering::Relaxed)));
         let path = |p: &Path| p.display().to_string();
         let mut env: Vec<(String, String)> = [
@@ -191,6 +193,11 @@ impl NodeAgent {
     /// The process id, so a caller can tell whether it is still running.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The kubeconfig the agent runs with (the istio-cni service account's token and the cluster CA).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.scratch.path().join("kubeconfig")
     }
 
     /// The ZDS socket the node proxy connects to.
@@ -237,6 +244,19 @@ impl NodeAgent {
         self.metrics().lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
 
+    /// How many of the agent's open descriptors refer to the network namespace `ns` (an enrolled pod's netns is
+    /// held until the pod is removed).
+    pub fn netns_handles(&self, ns: &NetnsGuard) -> usize {
+        use std::os::unix::fs::MetadataExt as _;
+        let id = netns_id(ns);
+        let dir = format!("/proc/{}/fd", self.pid());
+        std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .filter_map(|fd| std::fs::metadata(fd.ok()?.path()).ok())
+            .filter(|m| (m.dev(), m.ino()) == id)
+            .count()
+    }
+
     /// `/healthz` and `/readyz` status codes (`None` when it did not answer).
     pub fn probes(&self) -> (Option<u16>, Option<u16>) {
         let code = |path| crate::http::get(&self.netns, ports::CNI_READINESS, path).ok().map(|(status, _)| status);
@@ -265,6 +285,20 @@ impl Drop for NodeAgent {
             eprintln!("node-agent log:\n{}", self.log());
         }
     }
+}
+
+/// The chart values that grant what the agent's repair `overrides` make it do (labelling or deleting broken
+/// pods), as a user enabling them in the chart would get.
+fn repair_sets(overrides: &[(&str, &str)]) -> Vec<&'static str> {
+    let on = |key: &str| overrides.iter().any(|(k, v)| *k == key && *v == "true");
+    let mut sets = Vec::new();
+    if on("REPAIR_LABEL_PODS") {
+        sets.push("repair.labelPods=true");
+    }
+    if on("REPAIR_DELETE_PODS") {
+        sets.push("repair.deletePods=true");
+    }
+    sets
 }
 
 /// `/readyz`'s status code from inside the node netns, if it answered.

@@ -125,13 +125,13 @@ pub fn ambient_member_on(cluster: &Cluster, stack: Stack, name: &str, sa: &str) 
     let mut pod = ambient_pod(NS, name);
     pod["spec"]["serviceAccountName"] = json!(sa);
     cluster.create(&pod);
-    cluster.node.try_add_pod_with(conflist_for(cluster, stack), name, NS).expect("CNI ADD")
+    cluster.add_with(conflist_for(cluster, stack), name, NS).expect("CNI ADD")
 }
 
 /// Creates pod `name` outside the mesh (not labelled for ambient) in `cluster` through the fake CNI runtime.
 pub fn plain_member(cluster: &Cluster, name: &str) -> Pod {
     cluster.create(&testbed::mesh::plain_pod(NS, name));
-    cluster.node.try_add_pod_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
+    cluster.add_with(ambient_conflist(cluster), name, NS).expect("CNI ADD")
 }
 
 /// How many file descriptors process `pid` holds open (entries of `/proc/<pid>/fd`).

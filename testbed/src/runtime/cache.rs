@@ -12,6 +12,9 @@ pub(super) fn entry_path(dir: &Path, network: &str, conf: &RuntimeConf) -> PathB
     dir.join("results").join(format!("{network}-{}-{}", conf.container_id, conf.ifname))
 }
 
+/// The `kind` of the cache entries libcni writes and reads.
+pub(super) const KIND: &str = "cniCacheV1";
+
 /// Stores the final ADD result together with what is needed to DEL the attachment later (GC does).
 pub(super) fn store(
     dir: &Path,
@@ -21,7 +24,7 @@ pub(super) fn store(
 ) -> Result<(), RuntimeError> {
     let path = entry_path(dir, &list.name, conf);
     let entry = json!({
-        "kind": "cniCacheV1",
+        "kind": KIND,
         "containerId": conf.container_id,
         "ifName": conf.ifname,
         "networkName": list.name,
@@ -50,7 +53,8 @@ pub(super) fn remove(dir: &Path, network: &str, conf: &RuntimeConf) -> Result<()
     }
 }
 
-/// All cached entries of network `network`.
+/// All cached attachments of network `network`, as libcni's `GetCachedAttachments` lists them: files in name
+/// order; unreadable or unparsable files, other kinds, and entries without an ifName are skipped.
 pub(super) fn entries(dir: &Path, network: &str) -> Result<Vec<Value>, RuntimeError> {
     let results = dir.join("results");
     let listing = match std::fs::read_dir(&results) {
@@ -58,16 +62,17 @@ pub(super) fn entries(dir: &Path, network: &str) -> Result<Vec<Value>, RuntimeEr
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(cache_err(&results, e)),
     };
-    let mut out = Vec::new();
-    for item in listing {
-        let item = item.map_err(|e| cache_err(&results, e))?;
-        if let Some(entry) = read(&item.path())? {
-            if entry["networkName"] == network {
-                out.push(entry);
-            }
-        }
-    }
-    Ok(out)
+    let mut paths = listing
+        .map(|item| item.map(|i| i.path()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| cache_err(&results, e))?;
+    paths.sort();
+    Ok(paths
+        .iter()
+        .filter_map(|p| read(p).ok().flatten())
+        .filter(|entry| entry["kind"] == KIND && entry["networkName"] == network)
+        .filter(|entry| entry["ifName"].as_str().is_some_and(|i| !i.is_empty()))
+        .collect())
 }
 
 fn read(path: &Path) -> Result<Option<Value>, RuntimeError> {

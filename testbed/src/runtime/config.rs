@@ -16,6 +16,9 @@ pub struct NetworkConfigList {
     pub name: String,
     /// `disableCheck`: CHECK becomes a no-op, as in libcni.
     pub disable_check: bool,
+    /// `disableGC` (spec 1.1, libcni 1.2.1): GC does nothing at all, neither the DELs of stale attachments
+    /// nor the plugins' GC.
+    pub disable_gc: bool,
     /// Plugin configs in order; each has at least `type`.
     pub plugins: Vec<Value>,
     /// The whole list as given.
@@ -90,7 +93,8 @@ impl NetworkConfigList {
             return Err(config_err(source_name, format!("plugins[{i}] has no string \"type\"")));
         }
         let disable_check = raw.get("disableCheck").and_then(Value::as_bool).unwrap_or(false);
-        Ok(Self { cni_version, name, disable_check, plugins, raw })
+        let disable_gc = raw.get("disableGC").and_then(Value::as_bool).unwrap_or(false);
+        Ok(Self { cni_version, name, disable_check, disable_gc, plugins, raw })
     }
 
     /// The list's version is at least `major.minor.patch` (e.g. CHECK needs 0.4.0, STATUS/GC 1.1.0).

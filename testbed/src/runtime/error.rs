@@ -100,16 +100,19 @@ pub enum RuntimeError {
         /// Raw stdout.
         stdout: String,
     },
-    /// CHECK needs the result cached by ADD, and there is none.
-    #[error("no cached result for network {network}, container {container_id}, ifname {ifname}")]
-    NoCachedResult {
+    /// The cached result could not be read back in the list's version (libcni's "failed to get network
+    /// cached result"): CHECK fails with it; DEL drops the entry and runs without a prevResult.
+    #[error("failed to get network {network:?} cached result: {reason}")]
+    CachedResult {
         /// Network name.
         network: String,
-        /// Container id.
-        container_id: String,
-        /// Interface name.
-        ifname: String,
+        /// Why (unparsable entry, or no conversion to the list's version).
+        reason: String,
     },
+    /// GC ran every DEL and every plugin's GC it could and some failed; like libcni's joined errors, one
+    /// line each.
+    #[error("{}", .0.iter().map(|(what, e)| format!("{what}: {e}")).collect::<Vec<_>>().join("\n"))]
+    Gc(Vec<(String, RuntimeError)>),
     /// Reading or writing the result cache failed.
     #[error("result cache {}: {reason}", path.display())]
     Cache {

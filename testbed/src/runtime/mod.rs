@@ -1,11 +1,18 @@
 //! A fake CNI runtime that drives plugins exactly like libcni (what containerd, CRI-O and podman use):
 //! conflist parsing, per-plugin config injection, prevResult threading, the result cache, and the
 //! ADD/CHECK/DEL/STATUS/GC/VERSION commands, with a deadline on every exec.
+//!
+//! Checked against libcni v1.2.3 (`libcni/api.go`, `pkg/invoke`), including where it surprises: CHECK
+//! runs without a prevResult when nothing is cached; DEL sends a prevResult only from cniVersion 0.4.0 on;
+//! GC honours `disableGC`, runs every DEL and plugin GC and returns all failures; plugin results are decoded
+//! as their own version and cached results handed on in the list's version; STATUS, GC and VERSION get
+//! libcni's (empty or dummy) `CNI_*` variables. [`crate::node`] adds what containerd's CRI puts around it.
 
 mod cache;
 mod config;
 mod error;
 pub(crate) mod exec;
+mod result;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -59,77 +66,107 @@ impl Runtime {
         cache::entry_path(&self.cache_dir, network, conf)
     }
 
-    /// The result ADD cached for `conf` on `list`, if any.
+    /// The result ADD cached for `conf` on `list`, if any, converted to the list's version (libcni's
+    /// `GetNetworkListCachedResult`): the cache holds what the last plugin returned, in its own version.
     pub fn cached_result(&self, list: &NetworkConfigList, conf: &RuntimeConf) -> Result<Option<Value>, RuntimeError> {
-        Ok(cache::load(&self.cache_dir, &list.name, conf)?.map(|entry| entry["result"].clone()))
+        let Some(entry) = cache::load(&self.cache_dir, &list.name, conf).ok().flatten() else {
+            // libcni ignores a cache file it cannot read: there is no cached result.
+            return Ok(None);
+        };
+        let cached = |reason: String| RuntimeError::CachedResult { network: list.name.clone(), reason };
+        if entry["kind"] != cache::KIND {
+            return Err(cached(format!("cache entry has kind {}, not {}", entry["kind"], cache::KIND)));
+        }
+        result::convert(&entry["result"], &list.cni_version).map(Some).map_err(|e| {
+            cached(format!("failed to convert cached result to config version {:?}: {e}", list.cni_version))
+        })
     }
 
-    /// CNI ADD: runs each plugin in order, each getting the previous one's result as `prevResult`, caches
-    /// and returns the final result.
+    /// CNI ADD: runs each plugin in order, each getting the previous one's result as `prevResult`. Each result
+    /// is read as libcni does (a missing `cniVersion` is the list's; only the keys of its version are kept) and
+    /// is otherwise left in the version the plugin chose: the last one is cached and returned as is.
     pub fn add(&self, list: &NetworkConfigList, conf: &RuntimeConf) -> Result<Value, RuntimeError> {
         let mut prev: Option<Value> = None;
         for plugin in &list.plugins {
             let stdin = config::plugin_stdin(list, plugin, prev.as_ref(), &conf.capability_args);
-            let out = self.exec_plugin(plugin, "ADD", Some(conf), &stdin)?;
-            prev = Some(parse_result(plugin, &out)?);
+            let out = self.exec_plugin(plugin, "ADD", &Env::of(conf), &stdin)?;
+            prev = Some(parse_result(plugin, &out, &list.cni_version)?);
         }
         let result = prev.expect("conflist has at least one plugin");
         cache::store(&self.cache_dir, list, conf, &result)?;
         Ok(result)
     }
 
-    /// CNI CHECK: runs each plugin in order with the cached result as `prevResult`; errors when nothing
-    /// is cached, is a no-op with `disableCheck`, and needs cniVersion >= 0.4.0, as in libcni.
+    /// CNI CHECK like libcni's `CheckNetworkList`: an error for lists older than 0.4.0, a no-op with
+    /// `disableCheck`, else each plugin in order with the cached result (in the list's version) as
+    /// `prevResult`. With nothing cached the plugins still run, without a `prevResult`: libcni does not stop
+    /// there, the plugins must refuse.
     pub fn check(&self, list: &NetworkConfigList, conf: &RuntimeConf) -> Result<(), RuntimeError> {
         if !list.version_at_least((0, 4, 0)) {
             return Err(RuntimeError::Config {
                 source_name: list.name.clone(),
-                reason: format!("CHECK not supported by cniVersion {}", list.cni_version),
+                reason: format!("configuration version {:?} does not support the CHECK command", list.cni_version),
             });
         }
         if list.disable_check {
             return Ok(());
         }
-        let cached = self.cached_result(list, conf)?.ok_or_else(|| RuntimeError::NoCachedResult {
-            network: list.name.clone(),
-            container_id: conf.container_id.clone(),
-            ifname: conf.ifname.clone(),
-        })?;
+        let cached = self.cached_result(list, conf)?;
         for plugin in &list.plugins {
-            let stdin = config::plugin_stdin(list, plugin, Some(&cached), &conf.capability_args);
-            self.exec_plugin(plugin, "CHECK", Some(conf), &stdin)?;
+            let stdin = config::plugin_stdin(list, plugin, cached.as_ref(), &conf.capability_args);
+            self.exec_plugin(plugin, "CHECK", &Env::of(conf), &stdin)?;
         }
         Ok(())
     }
 
-    /// CNI DEL: runs the plugins in reverse order with the cached result as `prevResult` (none if nothing
-    /// is cached), then drops the cache entry. Safe to repeat.
+    /// CNI DEL like libcni's `DelNetworkList`: the plugins in reverse order; from cniVersion 0.4.0 on with the
+    /// cached result (in the list's version) as `prevResult`, before that never. A cache entry that cannot be
+    /// read back is dropped and DEL runs without it. When every plugin succeeded the entry is removed; when
+    /// one fails it stays, for the retry. Safe to repeat, also with an empty netns (`CNI_NETNS=""`), which
+    /// containerd sends once the sandbox's netns is gone.
     pub fn del(&self, list: &NetworkConfigList, conf: &RuntimeConf) -> Result<(), RuntimeError> {
-        let cached = self.cached_result(list, conf)?;
+        let cached = if list.version_at_least((0, 4, 0)) {
+            self.cached_result(list, conf).unwrap_or_else(|_| {
+                let _ = cache::remove(&self.cache_dir, &list.name, conf);
+                None
+            })
+        } else {
+            None
+        };
         for plugin in list.plugins.iter().rev() {
             let stdin = config::plugin_stdin(list, plugin, cached.as_ref(), &conf.capability_args);
-            self.exec_plugin(plugin, "DEL", Some(conf), &stdin)?;
+            self.exec_plugin(plugin, "DEL", &Env::of(conf), &stdin)?;
         }
-        cache::remove(&self.cache_dir, &list.name, conf)
+        // libcni ignores a failure to remove the entry.
+        let _ = cache::remove(&self.cache_dir, &list.name, conf);
+        Ok(())
     }
 
-    /// CNI STATUS (1.1.0): asks every plugin whether it is ready for ADDs; a no-op for older lists.
+    /// CNI STATUS (1.1.0): asks every plugin whether it is ready for ADDs, stopping at the first that is not;
+    /// a no-op for older lists.
     pub fn status(&self, list: &NetworkConfigList) -> Result<(), RuntimeError> {
         if !list.version_at_least((1, 1, 0)) {
             return Ok(());
         }
         for plugin in &list.plugins {
             let stdin = config::plugin_stdin(list, plugin, None, &Map::new());
-            self.exec_plugin(plugin, "STATUS", None, &stdin)?;
+            self.exec_plugin(plugin, "STATUS", &Env::empty(), &stdin)?;
         }
         Ok(())
     }
 
-    /// CNI GC like libcni: DELs every cached attachment of this network that is not in `valid`
-    /// (`(container_id, ifname)` pairs), then, for 1.1.0 lists, runs GC on each plugin with
-    /// `cni.dev/valid-attachments` injected.
+    /// CNI GC like libcni's `GCNetworkList`: nothing at all with `disableGC`; else a DEL of every cached
+    /// attachment of this network that is not in `valid` (`(container_id, ifname)` pairs), then, for 1.1.0
+    /// lists, GC on every plugin with the valid attachments injected (under both keys libcni sets). Every DEL
+    /// and every GC runs even when an earlier one failed; the failures come back together as
+    /// [`RuntimeError::Gc`].
     pub fn gc(&self, list: &NetworkConfigList, valid: &[(&str, &str)]) -> Result<(), RuntimeError> {
-        for entry in cache::entries(&self.cache_dir, &list.name)? {
+        if list.disable_gc {
+            return Ok(());
+        }
+        let mut failures = Vec::new();
+        // libcni gives up silently when it cannot list the cache.
+        for entry in cache::entries(&self.cache_dir, &list.name).unwrap_or_default() {
             let id = entry["containerId"].as_str().unwrap_or_default();
             let ifname = entry["ifName"].as_str().unwrap_or_default();
             if valid.contains(&(id, ifname)) {
@@ -139,26 +176,43 @@ impl Runtime {
             conf.ifname = ifname.into();
             conf.args = serde_json::from_value(entry["cniArgs"].clone()).unwrap_or_default();
             conf.capability_args = serde_json::from_value(entry["capabilityArgs"].clone()).unwrap_or_default();
-            self.del(list, &conf)?;
+            if let Err(e) = self.del(list, &conf) {
+                failures.push((format!("failed to delete stale attachment {id} {ifname}"), e));
+            }
         }
-        if !list.version_at_least((1, 1, 0)) {
-            return Ok(());
+        if list.version_at_least((1, 1, 0)) {
+            let attachments: Vec<Value> =
+                valid.iter().map(|(id, ifname)| json!({"containerID": id, "ifname": ifname})).collect();
+            for plugin in &list.plugins {
+                let mut stdin = config::plugin_stdin(list, plugin, None, &Map::new());
+                stdin["cni.dev/valid-attachments"] = Value::Array(attachments.clone());
+                stdin["cni.dev/attachments"] = Value::Array(attachments.clone());
+                if let Err(e) = self.exec_plugin(plugin, "GC", &Env::empty(), &stdin) {
+                    failures.push((format!("failed to GC plugin {}", config::plugin_type(plugin)), e));
+                }
+            }
         }
-        let attachments: Vec<Value> =
-            valid.iter().map(|(id, ifname)| json!({"containerID": id, "ifname": ifname})).collect();
-        for plugin in &list.plugins {
-            let mut stdin = config::plugin_stdin(list, plugin, None, &Map::new());
-            stdin["cni.dev/valid-attachments"] = Value::Array(attachments.clone());
-            self.exec_plugin(plugin, "GC", None, &stdin)?;
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(RuntimeError::Gc(failures))
         }
-        Ok(())
     }
 
-    /// CNI VERSION: returns the plugin's version info (`{cniVersion, supportedVersions}`).
+    /// CNI VERSION: returns the plugin's version info (`{cniVersion, supportedVersions}`), asked like libcni's
+    /// `GetVersionInfo` (dummy netns, ifname and path for plugins built on an old skel).
     pub fn version(&self, plugin_type: &str) -> Result<Value, RuntimeError> {
         let plugin = json!({"type": plugin_type});
-        let out = self.exec_plugin(&plugin, "VERSION", None, &json!({"cniVersion": "1.1.0"}))?;
-        parse_result(&plugin, &out)
+        let env = Env { container_id: "", netns: Path::new("dummy"), ifname: "dummy", args: String::new() };
+        let out =
+            self.exec_plugin_with_path(&plugin, "VERSION", &env, &json!({"cniVersion": "1.1.0"}), Some("dummy"))?;
+        serde_json::from_slice::<Value>(&out.stdout).ok().filter(Value::is_object).ok_or_else(|| {
+            RuntimeError::BadResult {
+                plugin: plugin_type.to_owned(),
+                reason: "not a JSON object".into(),
+                stdout: out.stdout_str(),
+            }
+        })
     }
 
     /// Executes one binary directly with exactly `env` (the environment is cleared first, like podman's
@@ -171,24 +225,29 @@ impl Runtime {
 
     /// Runs one plugin with the CNI env of `command` (inheriting the runtime's env, like libcni) and turns
     /// a non-zero exit into a [`PluginError`].
-    fn exec_plugin(
+    fn exec_plugin(&self, plugin: &Value, command: &str, env: &Env, stdin: &Value) -> Result<RawOutput, RuntimeError> {
+        self.exec_plugin_with_path(plugin, command, env, stdin, None)
+    }
+
+    fn exec_plugin_with_path(
         &self,
         plugin: &Value,
         command: &str,
-        conf: Option<&RuntimeConf>,
+        env: &Env,
         stdin: &Value,
+        cni_path: Option<&str>,
     ) -> Result<RawOutput, RuntimeError> {
         let name = config::plugin_type(plugin);
         let bin = exec::find_plugin(name, &self.bin_dirs)?;
-        let cni_path = std::env::join_paths(&self.bin_dirs).expect("bin dirs contain no ':'");
+        let path = std::env::join_paths(&self.bin_dirs).expect("bin dirs contain no ':'");
         let mut cmd = Command::new(&bin);
-        cmd.env("CNI_COMMAND", command).env("CNI_PATH", cni_path);
-        if let Some(conf) = conf {
-            cmd.env("CNI_CONTAINERID", &conf.container_id)
-                .env("CNI_NETNS", &conf.netns)
-                .env("CNI_IFNAME", &conf.ifname)
-                .env("CNI_ARGS", conf.cni_args());
-        }
+        // libcni's `Args.AsEnv`: all six variables on every command, empty when not applicable.
+        cmd.env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", env.container_id)
+            .env("CNI_NETNS", env.netns)
+            .env("CNI_ARGS", &env.args)
+            .env("CNI_IFNAME", env.ifname)
+            .env("CNI_PATH", cni_path.map_or(path, Into::into));
         let out = exec::run(cmd, &bin, self.netns.as_deref(), stdin.to_string().into_bytes(), self.timeout)?;
         if out.status.success() {
             Ok(out)
@@ -198,15 +257,31 @@ impl Runtime {
     }
 }
 
-fn parse_result(plugin: &Value, out: &RawOutput) -> Result<Value, RuntimeError> {
-    serde_json::from_slice::<Value>(&out.stdout)
-        .map_err(|e| e.to_string())
-        .and_then(|v| if v.is_object() { Ok(v) } else { Err("not a JSON object".into()) })
-        .map_err(|reason| RuntimeError::BadResult {
-            plugin: config::plugin_type(plugin).to_owned(),
-            reason,
-            stdout: out.stdout_str(),
-        })
+/// The per-attachment part of a plugin's environment.
+struct Env<'a> {
+    container_id: &'a str,
+    netns: &'a Path,
+    ifname: &'a str,
+    args: String,
+}
+
+impl<'a> Env<'a> {
+    fn of(conf: &'a RuntimeConf) -> Self {
+        Self { container_id: &conf.container_id, netns: &conf.netns, ifname: &conf.ifname, args: conf.cni_args() }
+    }
+
+    /// STATUS and GC: no attachment.
+    fn empty() -> Self {
+        Self { container_id: "", netns: Path::new(""), ifname: "", args: String::new() }
+    }
+}
+
+fn parse_result(plugin: &Value, out: &RawOutput, conf_version: &str) -> Result<Value, RuntimeError> {
+    result::from_plugin(&out.stdout, conf_version).map_err(|reason| RuntimeError::BadResult {
+        plugin: config::plugin_type(plugin).to_owned(),
+        reason,
+        stdout: out.stdout_str(),
+    })
 }
 
 fn plugin_error(plugin: &str, out: &RawOutput) -> PluginError {
