@@ -5,16 +5,12 @@
 //! resumed watch), and the API server restarted on a store that lacks the pod (a resourceVersion it never issued
 //! gets 410). A pod still in the list stays enrolled.
 
-use std::os::unix::fs::MetadataExt as _;
-
 use fake_apiserver::{Config, FakeApiServer, WatchConfig};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 use testbed::mesh::{api_config, chart_rbac, RuleBackend};
-use testbed::node_agent::{
-    ambient_conflist, ambient_node, ambient_pod, netns_id, uid, NodeAgent, RequestKind, ZdsPeer,
-};
+use testbed::node_agent::{ambient_conflist, ambient_node, ambient_pod, uid, NodeAgent, RequestKind, ZdsPeer};
 use testbed::wait::eventually;
 use testbed::{Cluster, Pod};
 
@@ -30,26 +26,17 @@ fn enrolled(c: &Cluster, peer: &ZdsPeer, name: &str) -> (Pod, String) {
     (pod, id)
 }
 
-/// How many of the agent's open descriptors refer to `pod`'s network namespace.
-fn agent_handles(agent: &NodeAgent, pod: &Pod) -> usize {
-    let (dev, ino) = netns_id(&pod.netns);
-    let dir = format!("/proc/{}/fd", agent.pid());
-    std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{dir}: {e}"))
-        .filter_map(|fd| std::fs::metadata(fd.ok()?.path()).ok())
-        .filter(|m| (m.dev(), m.ino()) == (dev, ino))
-        .count()
-}
-
 /// The agent has removed `gone` (Del sent, handle closed) and kept `kept` (enrolled, no Del).
 fn assert_removed_and_kept(agent: &NodeAgent, peer: &ZdsPeer, gone: (&Pod, &str), kept: (&Pod, &str)) {
     eventually("the proxy receives DelWorkload for the pod deleted while the watch was down", || {
         (!peer.received_for(RequestKind::Del, gone.1).is_empty()).then_some(())
     });
-    eventually("the agent closes the deleted pod's netns handle", || (agent_handles(agent, gone.0) == 0).then_some(()));
+    eventually("the agent closes the deleted pod's netns handle", || {
+        (agent.netns_handles(&gone.0.netns) == 0).then_some(())
+    });
     eventually("the agent counts one enrolled pod", || (agent.metric(ENROLLED) == Some(1)).then_some(()));
     assert!(peer.received_for(RequestKind::Del, kept.1).is_empty(), "the listed pod was removed too");
-    assert!(agent_handles(agent, kept.0) > 0, "the agent no longer holds the listed pod's netns");
+    assert!(agent.netns_handles(&kept.0.netns) > 0, "the agent no longer holds the listed pod's netns");
 }
 
 #[test]
@@ -58,7 +45,7 @@ fn a_pod_deleted_while_the_watch_was_down_and_history_was_compacted_is_removed_a
     let peer = ZdsPeer::connect(&agent);
     let (gone, gone_id) = enrolled(&c, &peer, "gone");
     let (kept, kept_id) = enrolled(&c, &peer, "kept");
-    assert!(agent_handles(&agent, &gone) > 0, "an enrolled pod's netns is held by the agent");
+    assert!(agent.netns_handles(&gone.netns) > 0, "an enrolled pod's netns is held by the agent");
 
     // The agent stopped (a long GC pause, a node under pressure): its watch ends and the pod is deleted while no
     // watch is open, then the history is compacted. Resumed, its watch gets 410 and it relists.
@@ -95,11 +82,8 @@ fn a_pod_missing_from_a_restarted_api_servers_store_is_removed_after_the_relist(
         watch: WatchConfig { expire_unissued: true, ..WatchConfig::default() },
         ..api_config(&c.api_state_dir())
     };
-    let restarted = FakeApiServer::builder().config(config).listener(listener).start().expect("restart");
-    for object in chart_rbac(&[]).into_iter().chain(restored) {
-        restarted.upsert(object).expect("restore object");
-    }
-    c.api = restarted;
+    let objects = chart_rbac(&[]).into_iter().chain(restored);
+    c.api = FakeApiServer::builder().config(config).listener(listener).objects(objects).start().expect("restart");
 
     assert_removed_and_kept(&agent, &peer, (&gone, &gone_id), (&kept, &kept_id));
 }

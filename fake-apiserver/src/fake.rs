@@ -24,6 +24,7 @@ enum Listen {
 pub struct Builder {
     config: Config,
     listen: Listen,
+    objects: Vec<Value>,
 }
 
 impl Builder {
@@ -46,6 +47,13 @@ impl Builder {
         self
     }
 
+    /// Stores `objects` (as [`FakeApiServer::upsert`] would) before the first request is served: a server
+    /// restarted from a backup comes back with its store, RBAC included, rather than refusing clients meanwhile.
+    pub fn objects(mut self, objects: impl IntoIterator<Item = Value>) -> Builder {
+        self.objects.extend(objects);
+        self
+    }
+
     /// Binds, creates or loads the TLS material and keys, and starts serving on a thread of its own. The
     /// listen address (unless a wildcard) is added to the serving certificate's names.
     pub fn start(self) -> Result<FakeApiServer, Error> {
@@ -62,6 +70,9 @@ impl Builder {
         }
         let tls = config.tls;
         let cluster = Cluster::with_config(config)?;
+        for object in self.objects {
+            cluster.upsert(object)?;
+        }
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
         let (shutdown, stop) = oneshot::channel::<()>();
         let served = cluster.clone();
@@ -94,7 +105,11 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// A [`Builder`] with the lenient default configuration on an ephemeral port of 127.0.0.1.
     pub fn builder() -> Builder {
-        Builder { config: Config::default(), listen: Listen::Addr(SocketAddr::from(([127, 0, 0, 1], 0))) }
+        Builder {
+            config: Config::default(),
+            listen: Listen::Addr(SocketAddr::from(([127, 0, 0, 1], 0))),
+            objects: Vec::new(),
+        }
     }
 
     /// Starts an empty lenient server on an ephemeral port of 127.0.0.1.

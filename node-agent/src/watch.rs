@@ -5,6 +5,13 @@
 //! blocking threads. A deleted pod is marked deleted at once, so an enrollment of it in flight (from the plugin)
 //! rolls back, and is removed in a task of its own, which waits for that enrollment to end without holding up
 //! the watch (see [`crate::enroll`]).
+//!
+//! **Terminating pods, as Istio's agent handles them.** A pod being deleted gracefully (`deletionTimestamp` set,
+//! its grace period or finalizers still running) is still running and shutting down: it stays enrolled, rules,
+//! proxy and probe entry, so its in-flight and shutdown traffic stays in the mesh. It leaves when the API server
+//! deletes it (the DELETED event after the grace period, or once its last finalizer is gone), when it reaches a
+//! terminal phase (`Succeeded`/`Failed`: its containers are gone), or when it is no longer wanted (its namespace
+//! or labels opt it out). A pod that is already terminating is never newly enrolled (through `/proc`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
@@ -153,11 +160,19 @@ fn terminal(pod: &Pod) -> bool {
     matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
+/// Being deleted gracefully: still running (its grace period or finalizers hold it), not yet gone.
+fn terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
 impl State {
     fn count(&self, kind: &str) {
         self.metrics.reconcile_events.get_or_create(&EventType { r#type: kind.into() }).inc();
     }
 
+    /// Whether `pod` belongs in the mesh: ambient on, not finished, and selected. A terminating pod still does
+    /// (it keeps its enrollment until it is gone); only a new enrollment of it is refused, in
+    /// [`State::reconcile_with`].
     fn wanted(&self, pod: &Pod) -> bool {
         let empty = BTreeMap::new();
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
@@ -169,7 +184,6 @@ impl State {
         };
         self.config.ambient_enabled
             && !terminal(pod)
-            && pod.metadata.deletion_timestamp.is_none()
             && should_enroll(
                 &self.selectors,
                 &facts,
@@ -264,9 +278,13 @@ impl State {
         }
     }
 
-    /// Whether reconciling `pod` would enroll it through `/proc`: wanted, not enrolled, with IPs to match.
+    /// Whether reconciling `pod` would enroll it through `/proc`: wanted, not terminating, not enrolled, with IPs
+    /// to match.
     fn needs_netns(&self, pod: &Pod) -> bool {
-        self.wanted(pod) && self.enroller.cache().get(&uid(pod)).is_none() && !pod_ips(pod).is_empty()
+        self.wanted(pod)
+            && !terminating(pod)
+            && self.enroller.cache().get(&uid(pod)).is_none()
+            && !pod_ips(pod).is_empty()
     }
 
     /// Reconciles every pod of `pods`, finding the netns of those it enrolls in one `/proc` scan.
@@ -287,7 +305,7 @@ impl State {
         }
     }
 
-    /// Enrolls or removes one pod so that the cache matches the decision.
+    /// Enrolls or removes one pod so that the cache matches the decision; a terminating pod keeps what it has.
     async fn reconcile(&mut self, pod: &Pod) {
         self.reconcile_with(pod, None).await;
     }
@@ -299,6 +317,8 @@ impl State {
         let id = id.as_str();
         let enrolled = self.enroller.cache().get(id).is_some();
         let result = match (self.wanted(pod), enrolled) {
+            // Shutting down: an enrolled pod stays so until it is gone, and a pod not enrolled is left out.
+            (true, false) if terminating(pod) => Ok(()),
             (true, false) => self.enroll_running(pod, scanned).await,
             (false, true) => self.enroller.remove(pod, terminal(pod)).await.map_err(|e| e.to_string()),
             _ => Ok(()),

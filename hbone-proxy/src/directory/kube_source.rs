@@ -206,4 +206,27 @@ mod tests {
         assert!(directory.lookup(ip("10.9.1.2")).is_none(), "the pod deleted while away is gone");
         task.abort();
     }
+
+    /// A pod shutting down (`deletionTimestamp` set, grace period running) still runs and still takes traffic,
+    /// as the node agent keeps it enrolled: it stays a destination until the API server deletes it.
+    #[tokio::test]
+    async fn a_terminating_pod_stays_a_workload_until_it_is_deleted() {
+        let server = FakeApiServer::start().unwrap();
+        server.upsert(pod("web", "10.9.2.2", Some("enabled"), None)).unwrap();
+        let directory = Directory::new("example.org");
+        let task = tokio::spawn(watch(client(&server).await, directory.clone()));
+        wait_for("the enrolled pod is listed", || directory.lookup(ip("10.9.2.2")).is_some()).await;
+
+        let terminating = server.delete_gracefully("Pod", Some("shop"), "web", Some(3600)).unwrap();
+        assert!(terminating["metadata"]["deletionTimestamp"].is_string(), "terminating: {terminating}");
+        // Watch events, in order: the later pod showing up proves the deletion's MODIFIED was seen.
+        server.upsert(pod("later", "10.9.2.3", Some("enabled"), None)).unwrap();
+        wait_for("the later pod is seen", || directory.lookup(ip("10.9.2.3")).is_some()).await;
+        assert!(directory.lookup(ip("10.9.2.2")).is_some(), "the terminating pod is still a destination");
+
+        // The kubelet's final delete once its containers stopped: DELETED.
+        server.delete_gracefully("Pod", Some("shop"), "web", Some(0));
+        wait_for("the deleted pod is gone", || directory.lookup(ip("10.9.2.2")).is_none()).await;
+        task.abort();
+    }
 }
