@@ -84,6 +84,8 @@ fn pods_on_two_nodes_talk_over_hbone_with_the_clients_ip_preserved() {
     link(&one.cluster, &two.cluster);
     let a: Pod = ambient_member(&one.cluster, "a", "a-sa");
     let b: Pod = ambient_member(&two.cluster, "b", "b-sa");
+    // Each test node has an API server of its own, so neither proxy's Kubernetes source sees the other node's
+    // pod: both proxies are told of both pods through their local workloads files.
     let listing = || {
         vec![
             workload(&one.cluster, "a", "a-sa", a.ip.into(), "node-1"),

@@ -27,9 +27,8 @@ use testbed::wait::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod support;
-use support::{listening, APP_PORT, NS, TD};
+use support::{listening, APP_PORT, B_SA, NS, TD};
 
-const B_SA: &str = "b-sa";
 /// Bound on every async part of a test.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -55,7 +54,7 @@ impl DerefMut for Scene {
 }
 
 impl Scene {
-    /// The local workloads file lists B with service account `b_listed_sa`; open connections get
+    /// The proxy lists B with service account `b_listed_sa` ([`support::Scene::new`]); open connections get
     /// `termination_deadline` (a Go duration) on SIGTERM.
     fn new(b_listed_sa: &str, termination_deadline: &str) -> Self {
         let dir = tempfile::tempdir().expect("scratch dir");

@@ -234,3 +234,50 @@ fn garbage_from_the_agent_side_makes_the_proxy_reconnect_and_keep_its_pods_liste
     eventually("the Del closed the pod's listeners", || (!listening(&pod, ports::HBONE)).then_some(()));
     assert!(proxy.log().contains("pod proxy stopped"), "{}", proxy.log());
 }
+
+/// Before its Kubernetes source has listed the pods, every mesh destination would look like one outside the
+/// mesh, and pod traffic would leave in plaintext. So the proxy takes no pod from the agent until then: it is
+/// not ready (blocker `kubernetes`), it is not connected to the agent's ZDS socket, and an ambient pod's ADD
+/// fails closed. Once the API server lets it list pods, it connects and pods enroll.
+#[test]
+fn the_proxy_takes_no_pod_before_its_kubernetes_source_has_listed_the_pods() {
+    use testbed::chart::PROXY_SERVICE_ACCOUNT;
+    use testbed::mesh::{chart_rbac, RuleBackend};
+    use testbed::node_agent::{ambient_pod, namespace, NodeAgent};
+
+    let c = testbed::Cluster::with_backend(RuleBackend::Nftables);
+    c.api.upsert(namespace(NS, serde_json::json!({}))).expect("store namespace");
+    let agent = NodeAgent::start(&c, &[]);
+    // The API server refuses the proxy's list (its role binding is gone), and only the proxy's.
+    let binding = chart_rbac(&[])
+        .into_iter()
+        .find(|o| {
+            o["kind"] == "ClusterRoleBinding"
+                && o["subjects"].as_array().is_some_and(|s| s.iter().any(|s| s["name"] == PROXY_SERVICE_ACCOUNT))
+        })
+        .expect("the chart binds a role to the proxy's service account");
+    let name = binding["metadata"]["name"].as_str().expect("binding name").to_owned();
+    c.api.delete("ClusterRoleBinding", None, &name).expect("binding stored");
+
+    let dir = tempfile::tempdir().expect("proxy dir");
+    let proxy = Proxy::spawn_unlisted(&c, &agent, dir.path(), &dir.path().join("workloads.yaml"), &[]);
+    let netns = c.node.netns().path();
+    let body = eventually("the proxy says it waits for the pods to be listed", || {
+        let (status, body) = testbed::http::get(&netns, ports::READINESS, "/healthz/ready").ok()?;
+        (status == 503 && body.contains("kubernetes")).then_some(body)
+    });
+    assert_eq!(agent.metric("ztunnel_connected"), Some(0), "the proxy connected to ZDS unlisted; readiness: {body}");
+    c.api.upsert(ambient_pod(NS, "early")).expect("store pod");
+    let early = c.add_with(ambient_conflist(&c), "early", NS);
+    assert!(early.is_err(), "an ambient pod started while the proxy could not know the mesh: {early:?}");
+
+    c.api.upsert(binding).expect("restore the binding");
+    eventually("the proxy connects to the agent once the pods are listed", || {
+        (agent.metric("ztunnel_connected") == Some(1)).then_some(())
+    });
+    c.api.upsert(ambient_pod(NS, "late")).expect("store pod");
+    c.add_with(ambient_conflist(&c), "late", NS).expect("an ambient pod enrolls once the proxy has the pods");
+    drop(proxy);
+    // The proxy's refused requests were this test's doing.
+    c.api.clear_requests();
+}

@@ -17,8 +17,8 @@ use testbed::Pod;
 mod support;
 use support::traffic::Payload;
 use support::{
-    ambient_member, config_dump, connect_from, dumped_pod, http_get, listen_on, listening, metric, workload,
-    write_workloads, Proxy, Scene, APP_PORT, NS,
+    ambient_member, await_kubernetes_listing, config_dump, connect_from, dumped_pod, http_get, listen_on, listening,
+    metric, pod_ips, Proxy, Scene, APP_PORT, NS,
 };
 
 /// How often the proxy retries a pod that failed to start.
@@ -154,12 +154,7 @@ fn config_dump_shows_pods_identities_and_certificate_expiry_and_the_connect_hist
 fn leaf_certificates_rotate_at_half_life_without_dropping_open_connections() {
     let scene = scene(&[("SECRET_TTL", "4s")]);
     let c = ambient_member(&scene.cluster, "c", "c-sa");
-    let listing = vec![
-        workload(&scene.cluster, "a", "a-sa", scene.a.ip.into(), "node-1"),
-        workload(&scene.cluster, "b", "b-sa", scene.b.ip.into(), "node-1"),
-        workload(&scene.cluster, "c", "c-sa", c.ip.into(), "node-1"),
-    ];
-    write_workloads(&scene.proxy, &scene.workloads(), listing);
+    await_kubernetes_listing(&scene.proxy, [&scene.a, &scene.b, &c].into_iter().map(|p| pod_ips(p).len()).sum());
     echo_one(scene.b_listener());
     let mut open = scene.a_connects_to_b();
     echo(&mut open, b"before any rotation");

@@ -118,6 +118,8 @@ fn a_destination_that_requires_mtls_but_is_not_in_the_mesh_is_refused_not_reache
     let scene = scene(&[]);
     let outsider = plain_member(&scene.cluster, "c");
     let accepted = echo_app(listen_on(&outsider, APP_PORT));
+    // `requireMtls` for a destination outside the mesh is not in any Pod object: only the local workloads file
+    // (ztunnel's local config) says it, next to A and B, which the Kubernetes source lists as well.
     let listing = |require_mtls: bool| {
         let c = json!({
             "uid": uid(&scene.cluster, NS, "c"), "name": "c", "namespace": NS, "workloadIps": [outsider.ip],

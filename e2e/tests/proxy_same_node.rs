@@ -3,12 +3,14 @@
 //! metrics count exactly those bytes); the bytes cross the pods' veths only on port 15008, as TLS (seen with
 //! tcpdump), and B's app sees A's IP as its peer. Dual-stack pods do the same over IPv6.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use istio_contract::ports;
-use testbed::node_agent::uid;
+use serde_json::json;
+use testbed::node_agent::{ambient_pod, uid};
 use testbed::wait::eventually;
 use testbed::NetnsGuard;
 
@@ -16,7 +18,8 @@ mod support;
 use support::capture::{host_veth, payload_bytes, Capture, Packet};
 use support::traffic::{Payload, MARKER};
 use support::{
-    config_dump, connect_from, dumped_pod, ipv6_of, listen_at, listening, metric, Proxy, Scene, Stack, APP_PORT, NS,
+    await_kubernetes_listing, config_dump, conflist_for, connect_from, dumped_pod, ipv6_of, listen_at, listen_on,
+    listening, metric, pod_ips, record_pod_ips, Proxy, Scene, Stack, APP_PORT, NS, TD,
 };
 
 /// Bytes each way in the acceptance transfer.
@@ -228,6 +231,45 @@ fn deleting_a_pod_closes_its_listeners_within_a_second() {
     });
     assert!(closed.is_some(), "B's listeners still open 1 s after DelWorkload");
     assert!(listening(&scene.a.netns, ports::HBONE), "A's proxy is untouched");
+}
+
+/// A's app sends `hello` to `dst` and reads the echo; returns the access log line of A's outbound connection.
+fn a_says_hello_to(scene: &Scene, dst: SocketAddr) -> String {
+    let before = scene.proxy.log().len();
+    let mut stream = connect_from(&scene.a, dst);
+    stream.write_all(b"hello").expect("A writes");
+    stream.shutdown(Shutdown::Write).expect("A half-closes");
+    let mut back = Vec::new();
+    stream.read_to_end(&mut back).expect("A reads the echo");
+    assert_eq!(back, b"hello", "the echo came back");
+    let addr = format!("dst.addr={dst} ");
+    eventually("A's outbound connection is in the access log", || {
+        let log = scene.proxy.log();
+        let new = log.get(before..)?.lines().find(|l| l.contains("direction=\"outbound\"") && l.contains(&addr));
+        new.map(str::to_owned)
+    })
+}
+
+#[test]
+fn a_pod_is_reached_over_hbone_as_its_pod_objects_service_account_once_the_api_has_its_addresses() {
+    let scene = scene();
+    // C as the runtime has just created it: the kubelet has not recorded its addresses in the Pod object yet.
+    let mut pod = ambient_pod(NS, "c");
+    pod["spec"]["serviceAccountName"] = json!("c-sa");
+    scene.cluster.create(&pod);
+    let c = scene.cluster.add_with(conflist_for(&scene.cluster, Stack::V4), "c", NS).expect("CNI ADD");
+    let _app = support::traffic::echo_app(listen_on(&c, APP_PORT));
+    let dst = SocketAddr::from((c.ip, APP_PORT));
+
+    let unlisted = a_says_hello_to(&scene, dst);
+    assert!(unlisted.contains("protocol=\"TCP\""), "a pod the API has no address for is not in the mesh: {unlisted}");
+
+    record_pod_ips(&scene.cluster, "c", &c);
+    await_kubernetes_listing(&scene.proxy, [&scene.a, &scene.b, &c].into_iter().map(|p| pod_ips(p).len()).sum());
+    let listed = a_says_hello_to(&scene, dst);
+    let identity = hbone::Identity::new(TD, NS, "c-sa").expect("C's identity");
+    assert!(listed.contains("protocol=\"HBONE\""), "C is reached over HBONE once listed: {listed}");
+    assert!(listed.contains(&format!("dst.identity={identity} ")), "C's identity is its Pod object's: {listed}");
 }
 
 #[test]

@@ -50,9 +50,11 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         Some(path) => Some(directory::local_file::watch(path, directory.clone())?),
         None => None,
     };
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
     if config.kube_workloads {
-        // In the background: an unreachable API must not hold up the pods' proxies.
-        tokio::spawn(directory::kube_source::watch_inferred(directory.clone()));
+        tokio::spawn(directory::kube_source::watch_inferred(directory.clone(), listed_tx));
+    } else {
+        let _ = listed_tx.send(());
     }
     let metrics = ctx.probes.with_registry(metrics::Metrics::register);
     let dns = dns::Upstreams::new(&config.dns_upstreams, Path::new(RESOLV_CONF)).context("DNS upstreams")?;
@@ -76,9 +78,22 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         .with_context(|| format!("the admin port 127.0.0.1:{}", config.admin_port))?;
     // From here on, the workloads' own blocker tells readiness.
     ctx.startup.clear();
+    // Fail closed: until the pods are listed, a mesh destination would look like one outside the mesh and its
+    // traffic would leave in plaintext. So no pod is taken from the agent before then: their outbound connections
+    // find no listener (refused), and the agent's ADDs wait for a proxy, as when none runs.
+    let waiting = ctx.probes.blocker("kubernetes", "waiting for the first list of pods from the API server");
+    let mut shutdown = std::pin::pin!(ctx.shutdown);
+    tokio::select! {
+        _ = listed => {}
+        signal = &mut shutdown => {
+            tracing::info!(?signal, "shutting down before the pods were listed");
+            return Ok(());
+        }
+    }
+    waiting.clear();
     tokio::select! {
         () = workloads.run(&config.inpod_uds) => {}
-        signal = ctx.shutdown => tracing::info!(?signal, ?deadline, "shutting down: draining connections"),
+        signal = shutdown => tracing::info!(?signal, ?deadline, "shutting down: draining connections"),
     }
     // Dropping the workloads closes every listener and sends GOAWAY on the inbound HBONE connections; open
     // connections may finish until the deadline (the shared main's drain), and are cut when the process exits.

@@ -1,6 +1,7 @@
 //! Running the real `hbone-proxy` binary on a test node, the way its DaemonSet runs it on a real one: inside the
-//! node netns, connected to the node agent's ZDS socket, with a state dir and a local workloads file. Shared by
-//! the proxy's end-to-end tests and the demo.
+//! node netns, connected to the node agent's ZDS socket, with a state dir, a local workloads file and its own
+//! service account's kubeconfig, so its default workload source (the enrolled Pod objects in the API server) is on.
+//! Shared by the proxy's end-to-end tests and the demo.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -9,8 +10,15 @@ use std::time::{Duration, Instant};
 
 use crate::node_agent::NodeAgent;
 use crate::wait::eventually;
-use crate::{bins, Cluster};
+use crate::{bins, chart, Cluster};
 use istio_contract::ports;
+
+/// The file in the proxy's dir holding the kubeconfig of its service account.
+const KUBECONFIG: &str = "hbone-proxy.kubeconfig";
+/// The environment setting that turns the proxy's Kubernetes workload source off (leaving the local file).
+pub const KUBE_WORKLOADS_OFF: (&str, &str) = ("KUBE_WORKLOADS", "false");
+/// The path the proxy's Kubernetes source lists and watches: every pod of the cluster.
+const PODS_PATH: &str = "/api/v1/pods";
 
 /// The `hbone-proxy` binary running in the node netns; killed on drop, its log printed if the test failed.
 pub struct Proxy {
@@ -19,8 +27,10 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Starts the proxy with the agent's ZDS socket, a state dir and local workloads file under `dir`, plus
-    /// `env`; returns once it answers `/healthz/ready` with 200.
+    /// Starts the proxy with the agent's ZDS socket, a state dir and local workloads file under `dir`, the
+    /// kubeconfig of its chart service account (its Kubernetes workload source on, unless `env` has
+    /// `KUBE_WORKLOADS=false`), plus `env`; returns once it answers `/healthz/ready` with 200 and, with the
+    /// Kubernetes source on, has listed the pods (readiness waits for that list too).
     pub fn start(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path, env: &[(&str, &str)]) -> Self {
         Self::start_with_open_files(cluster, agent, dir, workloads, env, None)
     }
@@ -35,7 +45,7 @@ impl Proxy {
         env: &[(&str, &str)],
         open_files: Option<(u64, u64)>,
     ) -> Self {
-        let mut proxy = Self::spawn_with_open_files(cluster, agent, dir, workloads, env, open_files);
+        let mut proxy = Self::spawn_with_open_files(cluster, agent, dir, workloads, env, open_files, true);
         let netns = cluster.node.netns().path();
         eventually("hbone-proxy answers /healthz/ready with 200", || {
             proxy.assert_running();
@@ -45,9 +55,22 @@ impl Proxy {
         proxy
     }
 
-    /// Like [`Proxy::start`] but returns once it serves `/metrics`, ready or not (for tests of readiness).
+    /// Like [`Proxy::start`] but returns once it serves `/metrics`, ready or not (for tests of readiness), and
+    /// its Kubernetes source (when on) has listed the pods and started watching them.
     pub fn spawn(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path, env: &[(&str, &str)]) -> Self {
-        Self::spawn_with_open_files(cluster, agent, dir, workloads, env, None)
+        Self::spawn_with_open_files(cluster, agent, dir, workloads, env, None, true)
+    }
+
+    /// Like [`Proxy::spawn`] without waiting for its Kubernetes source to list the pods (for tests of what the
+    /// proxy does before that list).
+    pub fn spawn_unlisted(
+        cluster: &Cluster,
+        agent: &NodeAgent,
+        dir: &Path,
+        workloads: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::spawn_with_open_files(cluster, agent, dir, workloads, env, None, false)
     }
 
     fn spawn_with_open_files(
@@ -57,14 +80,19 @@ impl Proxy {
         workloads: &Path,
         env: &[(&str, &str)],
         open_files: Option<(u64, u64)>,
+        wait_listed: bool,
     ) -> Self {
         let log =
             (0..).map(|n| dir.join(format!("hbone-proxy-{n}.log"))).find(|p| !p.exists()).expect("a free log name");
+        let kubeconfig = dir.join(KUBECONFIG);
+        cluster.write_kubeconfig_for(&kubeconfig, chart::PROXY_SERVICE_ACCOUNT);
+        let watches_before = pod_watches(cluster);
         let mut cmd = Command::new(bins::path("hbone-proxy"));
         cmd.env_clear()
             .env("INPOD_UDS", agent.zds_socket())
             .env("STATE_DIR", dir.join("state"))
             .env("LOCAL_WORKLOADS", workloads)
+            .env("KUBECONFIG", &kubeconfig)
             .env("LOG_LEVEL", "debug,h2=info,rustls=info,hyper=info")
             .env("NO_COLOR", "1")
             .envs(env.iter().copied())
@@ -87,7 +115,21 @@ impl Proxy {
             proxy.assert_running();
             crate::http::get(&netns, ports::STATS, "/metrics").ok().map(|_| ())
         });
+        if wait_listed && !env.contains(&KUBE_WORKLOADS_OFF) {
+            // The watcher watches only once its list is in the directory: a new watch means the pods are listed.
+            eventually("hbone-proxy's Kubernetes source listed the pods and watches them", || {
+                proxy.assert_running();
+                (pod_watches(cluster) > watches_before).then_some(())
+            });
+        }
         proxy
+    }
+
+    /// How many addresses the proxy's Kubernetes workload source last put into its directory (from its log).
+    pub fn kubernetes_addresses(&self) -> Option<usize> {
+        let log = self.log();
+        let line = log.lines().rev().find(|l| l.contains("workload directory updated source=\"kubernetes\""))?;
+        line.split_once("addresses=")?.1.split_whitespace().next()?.parse().ok()
     }
 
     /// Panics with the log if the proxy exited.
@@ -124,6 +166,13 @@ impl Proxy {
     pub fn exit_within(&mut self, since: Instant, limit: Duration) -> Option<ExitStatus> {
         crate::wait::exit_within(&mut self.child, since, limit)
     }
+}
+
+/// How many pod watches the proxy's service account has opened on `cluster`'s API server.
+fn pod_watches(cluster: &Cluster) -> usize {
+    let user = fake_apiserver::User::service_account(chart::NAMESPACE, chart::PROXY_SERVICE_ACCOUNT).name;
+    let requests = cluster.api.cluster().requests();
+    requests.iter().filter(|r| r.user == user && r.path == PODS_PATH && r.is_watch()).count()
 }
 
 impl Drop for Proxy {

@@ -25,6 +25,8 @@ pub const NS: &str = "shop";
 pub const TD: &str = "cluster.local";
 /// Port B's app listens on.
 pub const APP_PORT: u16 = 8080;
+/// B's service account: the identity its Pod object gives it and its certificate proves.
+pub const B_SA: &str = "b-sa";
 
 /// Which address families the scene's pods get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,8 +116,26 @@ pub fn write_workloads(proxy: &Proxy, path: &Path, workloads: Vec<Value>) {
     });
 }
 
-/// Creates ambient pod `name` with service account `sa` in `cluster` through the fake CNI runtime; returns once
-/// the node's proxy acked it (CNI ADD waits for that), i.e. its listeners are up.
+/// Records the addresses of `pod` (named `name`) as its Pod object's `status.podIPs` (phase Running), as the
+/// kubelet does once the sandbox is up: what the proxy's Kubernetes source lists it by.
+pub fn record_pod_ips(cluster: &Cluster, name: &str, pod: &Pod) {
+    let ips: Vec<Value> = pod_ips(pod).iter().map(|ip| json!({ "ip": ip.to_string() })).collect();
+    let mut object = cluster.api.get("Pod", Some(NS), name).unwrap_or_else(|| panic!("no pod {name}"));
+    object["status"] = json!({ "phase": "Running", "podIP": ips[0]["ip"], "podIPs": ips });
+    cluster.api.upsert(object).expect("store pod status");
+}
+
+/// Waits until the Kubernetes workload source of `proxy` lists `addresses` addresses.
+pub fn await_kubernetes_listing(proxy: &Proxy, addresses: usize) {
+    eventually(&format!("the proxy's Kubernetes source lists {addresses} addresses"), || {
+        (proxy.kubernetes_addresses() == Some(addresses)).then_some(())
+    });
+}
+
+/// Creates ambient pod `name` with service account `sa` in `cluster` through the fake CNI runtime and records its
+/// addresses in its Pod object ([`record_pod_ips`]); returns once the node's proxy acked it (CNI ADD waits for
+/// that), i.e. its listeners are up. The proxy's Kubernetes source lists it soon after
+/// ([`await_kubernetes_listing`]).
 pub fn ambient_member(cluster: &Cluster, name: &str, sa: &str) -> Pod {
     ambient_member_on(cluster, Stack::V4, name, sa)
 }
@@ -125,7 +145,9 @@ pub fn ambient_member_on(cluster: &Cluster, stack: Stack, name: &str, sa: &str) 
     let mut pod = ambient_pod(NS, name);
     pod["spec"]["serviceAccountName"] = json!(sa);
     cluster.create(&pod);
-    cluster.add_with(conflist_for(cluster, stack), name, NS).expect("CNI ADD")
+    let pod = cluster.add_with(conflist_for(cluster, stack), name, NS).expect("CNI ADD");
+    record_pod_ips(cluster, name, &pod);
+    pod
 }
 
 /// Creates pod `name` outside the mesh (not labelled for ambient) in `cluster` through the fake CNI runtime.
@@ -161,8 +183,9 @@ pub fn listen_at(pod: &Pod, addr: SocketAddr) -> TcpListener {
     ns.run(|| TcpListener::bind(addr)).expect("enter pod netns").expect("bind the app's port")
 }
 
-/// A node with the agent and the proxy running, and ambient pods A (service account a-sa) and B (b-sa) listed in
-/// the proxy's local workloads file.
+/// A node with the agent and the proxy running, and ambient pods A (service account a-sa) and B ([`B_SA`]) that the
+/// proxy knows from their Pod objects (its Kubernetes source), or from its local workloads file when B is listed
+/// under another identity.
 pub struct Scene {
     // Field order is drop order: the pods' CNI DEL needs the node's bin dir, and the proxy goes while its log
     // file in `dir` still exists.
@@ -176,7 +199,12 @@ pub struct Scene {
 
 impl Scene {
     /// Starts the proxy with `env` and state under `dir` (where the caller may have put files `env` points at),
-    /// creates A and B, and lists B with service account `b_listed_sa`.
+    /// creates A and B, and returns once the proxy lists B with service account `b_listed_sa`.
+    ///
+    /// With [`B_SA`] the proxy finds A and B through its Kubernetes source, as in a cluster. Any other
+    /// `b_listed_sa` is a directory that contradicts B's Pod object, which the API cannot express (a pod's
+    /// `serviceAccountName` is what its certificate proves, and cannot change): such a scene runs the proxy on its
+    /// local workloads file alone (`KUBE_WORKLOADS=false`), where the test writes what it wants listed.
     pub fn new(dir: tempfile::TempDir, b_listed_sa: &str, env: &[(&str, &str)]) -> Self {
         Self::with_stack(Stack::V4, dir, b_listed_sa, env)
     }
@@ -186,10 +214,19 @@ impl Scene {
         let cluster = Cluster::with_backend(RuleBackend::Nftables);
         cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
         let agent = NodeAgent::start(&cluster, &[]);
-        let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), env);
-        let (a, b) = (ambient_member_on(&cluster, stack, "a", "a-sa"), ambient_member_on(&cluster, stack, "b", "b-sa"));
+        let from_file = b_listed_sa != B_SA;
+        let mut env = env.to_vec();
+        if from_file {
+            env.push(testbed::hbone_proxy::KUBE_WORKLOADS_OFF);
+        }
+        let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &env);
+        let (a, b) = (ambient_member_on(&cluster, stack, "a", "a-sa"), ambient_member_on(&cluster, stack, "b", B_SA));
         let scene = Scene { a, b, proxy, agent, cluster, dir };
-        scene.list_b_as(b_listed_sa);
+        if from_file {
+            scene.list_b_as(b_listed_sa);
+        } else {
+            await_kubernetes_listing(&scene.proxy, pod_ips(&scene.a).len() + pod_ips(&scene.b).len());
+        }
         scene
     }
 
@@ -215,7 +252,8 @@ impl Scene {
         self.dir.path().join("workloads.yaml")
     }
 
-    /// Rewrites the local workloads file with B under service account `sa` and waits for the proxy to reload it.
+    /// Rewrites the local workloads file with A, and B under service account `sa`, and waits for the proxy to
+    /// reload it; for scenes on the local file ([`Scene::new`] with another service account than [`B_SA`]).
     pub fn list_b_as(&self, sa: &str) {
         let listed = |pod: &Pod, name, sa| {
             let mut entry = workload(&self.cluster, name, sa, pod.ip.into(), "node-1");

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client};
+use tokio::sync::oneshot;
 
 use super::{Directory, Protocol, Workload};
 
@@ -20,16 +21,22 @@ use super::{Directory, Protocol, Workload};
 pub const SOURCE: &str = "kubernetes";
 
 /// Watches with the client inferred from `KUBECONFIG` or the in-cluster service account. Without either, the
-/// source stays off and says so; an unreachable API is retried for as long as the task runs.
-pub async fn watch_inferred(directory: Directory) {
+/// source stays off and says so; an unreachable API is retried for as long as the task runs. `listed` fires once
+/// the directory holds the first complete list of pods (at once when the source is off).
+pub async fn watch_inferred(directory: Directory, listed: oneshot::Sender<()>) {
     match Client::try_default().await {
-        Ok(client) => watch(client, directory).await,
-        Err(error) => tracing::info!(%error, "no Kubernetes configuration: pods are not a workload source"),
+        Ok(client) => watch(client, directory, listed).await,
+        Err(error) => {
+            tracing::info!(%error, "no Kubernetes configuration: pods are not a workload source");
+            let _ = listed.send(());
+        }
     }
 }
 
-/// Keeps this source's entries equal to the enrolled pods with an address, until the task is dropped.
-pub async fn watch(client: Client, directory: Directory) {
+/// Keeps this source's entries equal to the enrolled pods with an address, until the task is dropped; `listed`
+/// fires after the first complete list is in the directory.
+pub async fn watch(client: Client, directory: Directory, listed: oneshot::Sender<()>) {
+    let mut listed = Some(listed);
     let events = watcher::watcher(Api::<Pod>::all(client), watcher::Config::default()).default_backoff();
     let mut events = std::pin::pin!(events);
     let mut pods = HashMap::<String, Workload>::new();
@@ -43,6 +50,7 @@ pub async fn watch(client: Client, directory: Directory) {
                 continue;
             }
         };
+        let list_complete = matches!(event, Event::InitDone);
         match event {
             Event::Init => listing.clear(),
             Event::InitApply(pod) => {
@@ -65,6 +73,11 @@ pub async fn watch(client: Client, directory: Directory) {
         }
         for error in directory.replace(SOURCE, pods.values().cloned().collect()) {
             tracing::warn!(%error, "skipping pod");
+        }
+        if list_complete {
+            if let Some(listed) = listed.take() {
+                let _ = listed.send(());
+            }
         }
     }
 }
@@ -154,9 +167,12 @@ mod tests {
         server.upsert(pod("plain", "10.9.0.1", None, None)).unwrap();
         server.upsert(pod("web", "10.9.0.2", Some("enabled"), Some("web-sa"))).unwrap();
         let directory = Directory::new("example.org");
-        let task = tokio::spawn(watch(client(&server).await, directory.clone()));
+        let (listed_tx, listed) = oneshot::channel();
+        let task = tokio::spawn(watch(client(&server).await, directory.clone(), listed_tx));
 
-        wait_for("the enrolled pod is listed", || directory.lookup(ip("10.9.0.2")).is_some()).await;
+        // The proxy takes no pod before this fires: by then the first list is in the directory.
+        tokio::time::timeout(Duration::from_secs(20), listed).await.expect("listed in time").expect("listed fires");
+        assert!(directory.lookup(ip("10.9.0.2")).is_some(), "listed fired before the list was in the directory");
         let found = directory.lookup(ip("10.9.0.2")).unwrap();
         assert_eq!(found.identity.to_string(), "spiffe://example.org/ns/shop/sa/web-sa");
         assert_eq!(found.workload.protocol, Protocol::Hbone);
@@ -191,7 +207,7 @@ mod tests {
         let server = FakeApiServer::start().unwrap();
         server.upsert(pod("web", "10.9.1.2", Some("enabled"), None)).unwrap();
         let directory = Directory::new("example.org");
-        let task = tokio::spawn(watch(client(&server).await, directory.clone()));
+        let task = tokio::spawn(watch(client(&server).await, directory.clone(), oneshot::channel().0));
         wait_for("the enrolled pod is listed", || directory.lookup(ip("10.9.1.2")).is_some()).await;
 
         // The API goes away, the pod is deleted meanwhile and its history compacted: no watch event tells of
@@ -214,7 +230,7 @@ mod tests {
         let server = FakeApiServer::start().unwrap();
         server.upsert(pod("web", "10.9.2.2", Some("enabled"), None)).unwrap();
         let directory = Directory::new("example.org");
-        let task = tokio::spawn(watch(client(&server).await, directory.clone()));
+        let task = tokio::spawn(watch(client(&server).await, directory.clone(), oneshot::channel().0));
         wait_for("the enrolled pod is listed", || directory.lookup(ip("10.9.2.2")).is_some()).await;
 
         let terminating = server.delete_gracefully("Pod", Some("shop"), "web", Some(3600)).unwrap();
