@@ -141,7 +141,7 @@ async fn strict_binary_serves_https_and_a_restart_keeps_its_clients() {
     stop(child);
     let (child, again) = start_binary(&["--strict", "--listen", &format!("127.0.0.1:{port}")], dir.path());
     assert_eq!(again, url);
-    let pod = support::until("the old client reaches the restarted binary", || async {
+    let pod = testbed::wait::eventually_awaiting("the old client reaches the restarted binary", || async {
         match pods.get("seeded").await {
             Ok(p) => Some(p),
             Err(kube::Error::Api(s)) => panic!("refused after the restart: {s:?}"),

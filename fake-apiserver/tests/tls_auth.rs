@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use std::time::Duration;
-use support::{api_error, client, client_from_kubeconfig_with, client_with_token, pod_json, raw, until};
+use support::{api_error, client, client_from_kubeconfig_with, client_with_token, pod_json, raw};
+use testbed::wait::eventually_awaiting;
 
 fn secured(config: Config) -> Config {
     Config { tls: true, authentication: true, ..config }
@@ -91,7 +92,7 @@ async fn rotated_tokens_stop_working_after_the_grace_period() {
     assert_ne!(new, old);
     let new_client = client_with_token(&server, &new).await;
     assert!(list_pods(&new_client).await.is_ok());
-    until("the old token expires after the rotation's grace period", || async {
+    eventually_awaiting("the old token expires after the rotation's grace period", || async {
         match list_pods(&old_client).await {
             Err(kube::Error::Api(s)) if s.code == 401 => Some(()),
             Ok(_) => None,
@@ -129,7 +130,7 @@ async fn a_restart_on_the_same_state_dir_keeps_clients_and_tokens_working() {
     // The same client objects: same trusted CA, same tokens, new server process state. A pooled connection to
     // the old server may fail once in transport, as it would against a restarted real apiserver.
     for c in [&admin, &sa] {
-        let pods = until("the client reaches the restarted server", || async {
+        let pods = eventually_awaiting("the client reaches the restarted server", || async {
             match list_pods(c).await {
                 Ok(pods) => Some(pods),
                 Err(kube::Error::Api(s)) => panic!("the restarted server refused an old client: {s:?}"),

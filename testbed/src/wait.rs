@@ -72,3 +72,24 @@ pub fn eventually_async<'a, T: 'a>(
         }
     }
 }
+
+/// [`eventually`] for a probe that is itself async (an API request, say): awaits `probe` every 10ms until it
+/// returns `Some`, panicking with `what` after [`DEADLINE`].
+pub async fn eventually_awaiting<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let poll = async {
+        loop {
+            if let Some(v) = probe().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    match tokio::time::timeout(DEADLINE, poll).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {DEADLINE:?} waiting until {what}"),
+    }
+}

@@ -86,27 +86,6 @@ pub fn api_error<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, St
     }
 }
 
-/// Awaits `probe` every 20ms until it returns `Some`, failing the test after `testbed::wait::DEADLINE`.
-#[allow(dead_code)]
-pub async fn until<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let poll = async {
-        loop {
-            if let Some(v) = probe().await {
-                return v;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    };
-    match tokio::time::timeout(testbed::wait::DEADLINE, poll).await {
-        Ok(v) => v,
-        Err(_) => panic!("timed out after {:?} waiting until {what}", testbed::wait::DEADLINE),
-    }
-}
-
 /// A non-retrying kube client from kubeconfig `yaml` with its token replaced by `token`.
 #[allow(dead_code)]
 pub async fn client_with_token_yaml(yaml: &str, token: &str) -> Client {
