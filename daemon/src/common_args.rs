@@ -24,11 +24,19 @@ pub struct CommonArgs {
     /// Address the probe and metrics servers bind to.
     #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0")]
     pub listen_address: IpAddr,
-    /// Log level or tracing filter.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    /// Log level or tracing filter; Istio's `--log_output_level` form (`default:info,cni:debug`) is accepted too.
+    #[arg(long, alias = "log_output_level", env = "LOG_LEVEL", default_value = "info")]
     pub log_level: String,
-    /// Emit JSON logs.
-    #[arg(long, env = "LOG_JSON", default_value_t = false, action = ArgAction::Set)]
+    /// Emit JSON logs (`--log_as_json` alone, as Istio's chart passes it, means true).
+    #[arg(
+        long,
+        alias = "log_as_json",
+        env = "LOG_JSON",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = ArgAction::Set
+    )]
     pub log_json: bool,
     /// On SIGTERM, how long open connections and in-flight work may take to finish before the process exits
     /// (a Go duration such as `5s` or `1m30s`; ztunnel's name for it).
@@ -97,5 +105,15 @@ mod tests {
         assert_eq!(cli.common.termination_deadline, Duration::from_secs(90));
         let error = Cli::try_parse_from(["cli", "--termination-deadline", "soon"]).unwrap_err().to_string();
         assert!(error.contains("termination-deadline"), "{error}");
+    }
+
+    #[test]
+    fn istio_log_flags_are_accepted() {
+        let cli = Cli::try_parse_from(["cli", "--log_output_level=default:debug", "--log_as_json"]).unwrap();
+        assert_eq!((cli.common.log_level.as_str(), cli.common.log_json), ("default:debug", true));
+        let cli = Cli::try_parse_from(["cli", "--log_as_json=false"]).unwrap();
+        assert!(!cli.common.log_json);
+        let cli = Cli::try_parse_from(["cli", "--log-json", "true", "--log-level", "warn"]).unwrap();
+        assert_eq!((cli.common.log_level.as_str(), cli.common.log_json), ("warn", true));
     }
 }

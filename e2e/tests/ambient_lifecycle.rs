@@ -498,9 +498,72 @@ fn healthy_sidecar_pod(name: &str) -> Value {
     pod
 }
 
-const REPAIRED_DELETE: &str = "istio_cni_repair_pods_repaired_total{type=\"delete\"}";
-const REPAIRED_LABEL: &str = "istio_cni_repair_pods_repaired_total{type=\"label\"}";
-const REPAIRED_IN_PLACE: &str = "istio_cni_repair_pods_repaired_total{type=\"repair\"}";
+const REPAIRED_DELETE: &str = "istio_cni_repair_pods_repaired_total{type=\"delete\",result=\"success\"}";
+const REPAIRED_LABEL: &str = "istio_cni_repair_pods_repaired_total{type=\"label\",result=\"success\"}";
+const REPAIRED_IN_PLACE: &str = "istio_cni_repair_pods_repaired_total{type=\"repair\",result=\"success\"}";
+const SKIPPED_IN_PLACE: &str = "istio_cni_repair_pods_repaired_total{type=\"repair\",result=\"skip\"}";
+const FAILED_IN_PLACE: &str = "istio_cni_repair_pods_repaired_total{type=\"repair\",result=\"fail\"}";
+
+/// GET `path` from the fake API server as its admin, over its https with its CA, as `kubectl get --raw` would.
+fn api_get(c: &Cluster, path: &str) -> Value {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use std::io::{Read as _, Write as _};
+
+    let addr = c.api.addr();
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = c.api.ca_pem().expect("the test cluster serves https");
+    roots.add(CertificateDer::from_pem_slice(ca.as_bytes()).expect("CA PEM")).expect("CA cert");
+    let config = rustls::ClientConfig::builder_with_provider(rustls::crypto::ring::default_provider().into())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let conn = rustls::ClientConnection::new(config.into(), ServerName::IpAddress(addr.ip().into())).expect("TLS");
+    // The API server listens on the node netns's loopback.
+    let node = c.node.netns().open().expect("open node netns");
+    let tcp = node.run(|| std::net::TcpStream::connect(addr)).expect("enter node netns").expect("connect to the API");
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let token = c.api.cluster().kubeconfig_token();
+    // HTTP/1.0: the body ends with the connection, never chunked.
+    write!(tls, "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n").expect("request");
+    let mut raw = Vec::new();
+    if let Err(e) = tls.read_to_end(&mut raw) {
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "reading the answer: {e}");
+    }
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP answer: {raw}"));
+    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}\n{body}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// The Kubernetes Events about pod `NS/name`, as `kubectl get events --field-selector involvedObject.name=<name>`
+/// lists them.
+fn pod_events(c: &Cluster, name: &str) -> Vec<Value> {
+    let list = api_get(c, &format!("/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name%3D{name}"));
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// Checks the one Event the repair controller wrote about `pod` (stored, with its uid): Istio's reason, type and
+/// message, from Istio's component, about the pod itself.
+#[track_caller]
+fn assert_repair_event(c: &Cluster, pod: &Value, reason: &str, message: &str) {
+    let name = pod["metadata"]["name"].as_str().unwrap();
+    let events =
+        eventually("the repair controller's event is written", || Some(pod_events(c, name)).filter(|e| !e.is_empty()));
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let event = &events[0];
+    assert_eq!(event["reason"], reason, "{event:#}");
+    assert_eq!(event["type"], "Warning", "{event:#}");
+    assert_eq!(event["message"], message, "{event:#}");
+    assert_eq!(event["source"]["component"], "cni-repair", "{event:#}");
+    let object = &event["involvedObject"];
+    assert_eq!(object["kind"], "Pod", "{event:#}");
+    assert_eq!(object["apiVersion"], "v1", "{event:#}");
+    assert_eq!(object["namespace"], NS, "{event:#}");
+    assert_eq!(object["name"], name, "{event:#}");
+    assert_eq!(object["uid"], pod["metadata"]["uid"], "{event:#}");
+}
 
 #[test]
 fn delete_mode_deletes_a_broken_sidecar_pod_on_this_node_and_leaves_every_other_pod_alone() {
@@ -518,7 +581,8 @@ fn delete_mode_deletes_a_broken_sidecar_pod_on_this_node_and_leaves_every_other_
     for pod in &alone {
         c.api.upsert(pod.clone()).expect("store pod");
     }
-    c.api.upsert(crash_looping_pod("broken", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
+    let broken =
+        c.api.upsert(crash_looping_pod("broken", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
 
     eventually_or(
         "the broken pod is deleted",
@@ -534,6 +598,11 @@ fn delete_mode_deletes_a_broken_sidecar_pod_on_this_node_and_leaves_every_other_
     }
     eventually("the delete is counted", || (agent.metric(REPAIRED_DELETE) == Some(1)).then_some(()));
     assert_eq!(agent.metric(REPAIRED_LABEL), None, "{}", agent.metrics());
+    assert_repair_event(&c, &broken, "DeleteBrokenPod", "pod detected as broken, deleted");
+    for pod in &alone {
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        assert_eq!(pod_events(&c, name), Vec::<Value>::new(), "an event about {name}");
+    }
 }
 
 #[test]
@@ -550,6 +619,8 @@ fn label_mode_labels_a_broken_pod_once_and_keeps_it() {
     assert_eq!(value, "true");
     eventually("the label is counted", || (agent.metric(REPAIRED_LABEL) == Some(1)).then_some(()));
     assert!(agent.log().contains(&format!("Labelling broken pod: {NS}/stuck")));
+    let stuck = c.api.get("Pod", Some(NS), "stuck").expect("labelled pod still stored");
+    assert_repair_event(&c, &stuck, "LabelBrokenPod", "pod detected as broken, labeled");
 
     // The kubelet records the next failed attempt; the pod keeps its label and must not be labelled again. A
     // second broken pod stored afterwards is handled after that update, so its label proves the update was seen.
@@ -564,6 +635,8 @@ fn label_mode_labels_a_broken_pod_once_and_keeps_it() {
     assert_eq!(log.matches(&format!("Labelling broken pod: {NS}/stuck\n")).count(), 1, "{log}");
     assert!(c.api.get("Pod", Some(NS), "stuck").is_some() && c.api.get("Pod", Some(NS), "stuck-2").is_some());
     assert_eq!(agent.metric(REPAIRED_DELETE), None);
+    // Labelled once: still one event.
+    assert_repair_event(&c, &stuck, "LabelBrokenPod", "pod detected as broken, labeled");
 }
 
 #[test]
@@ -696,6 +769,7 @@ fn repair_pods_programs_the_sidecar_rules_into_a_broken_pods_netns_and_skips_pod
         assert!(pod["metadata"]["labels"][BROKEN_POD_LABEL].is_null(), "{name} labelled: {pod}");
     }
     assert_eq!(agent.metric(REPAIRED_IN_PLACE), Some(1), "{}", agent.metrics());
+    assert_eq!(agent.metric(SKIPPED_IN_PLACE), Some(1), "the opted-out pod: {}", agent.metrics());
     assert_eq!(agent.metric(REPAIRED_DELETE).or(agent.metric(REPAIRED_LABEL)), None, "{}", agent.metrics());
 }
 
@@ -721,4 +795,5 @@ fn a_failed_in_place_repair_falls_back_to_labelling() {
     );
     assert!(log.contains(&format!("Repairing broken pod: {NS}/gone")), "{log}");
     assert_eq!(agent.metric(REPAIRED_IN_PLACE), None, "{}", agent.metrics());
+    assert_eq!(agent.metric(FAILED_IN_PLACE), Some(1), "{}", agent.metrics());
 }

@@ -993,3 +993,44 @@ fn templates_istio_has_render_from_their_values() {
     assert!(r.objects.iter().all(|o| !o["kind"].as_str().unwrap().starts_with("Cluster")), "{:?}", r.names());
     assert!(r.find("DaemonSet", "istio-cni-node").is_some());
 }
+
+/// The port a container's binary serves `/metrics` on: the chart's `MONITORING_PORT`, else the binary's default.
+fn metrics_port(r: &Rendered, container: &Value) -> u16 {
+    r.env_value(container, "MONITORING_PORT")
+        .map_or(istio_contract::ports::CNI_MONITORING, |p| p.parse().expect("MONITORING_PORT is a port"))
+}
+
+#[test]
+fn prometheus_annotation_points_at_the_port_the_node_agent_serves_its_metrics_on() {
+    // Ambient, and sidecar-only with the default in-place repair: the node agent runs beside install-cni.
+    for sets in [vec![AMBIENT.to_owned()], vec![]] {
+        let (_, r) = render(&sets);
+        let annotations = &r.get("DaemonSet", "istio-cni-node")["spec"]["template"]["metadata"]["annotations"];
+        assert_eq!(annotations["prometheus.io/scrape"], "true");
+        let port: u16 = annotations["prometheus.io/port"].as_str().unwrap().parse().expect("a port");
+        let path = annotations["prometheus.io/path"].as_str().unwrap().to_owned();
+        assert_eq!((port, path.as_str()), (15014, "/metrics"), "Istio's chart's annotation");
+        let agent = r.container("istio-cni-node", "node-agent").expect("node agent").clone();
+        let install = r.container("istio-cni-node", "install-cni").unwrap();
+        assert_ne!(metrics_port(&r, install), port, "{sets:?}: two containers of one pod on one port");
+        let declared: Vec<_> = list(&agent["ports"]).iter().map(|p| p["containerPort"].as_u64()).collect();
+        assert!(declared.contains(&Some(u64::from(port))), "{sets:?}: the node agent declares {declared:?}");
+
+        // The real agent, given the chart's metrics port, serves its metrics on the annotated port.
+        let c = testbed::Cluster::with_backend(testbed::mesh::RuleBackend::Nftables);
+        let chart_port = metrics_port(&r, &agent).to_string();
+        let _agent = testbed::node_agent::NodeAgent::start(&c, &[("MONITORING_PORT", &chart_port)]);
+        let scraped = testbed::http::get(&c.node.netns().path(), port, &path);
+        let (status, body) = scraped.unwrap_or_else(|e| panic!("{sets:?}: nothing on the annotated port: {e}"));
+        assert_eq!(status, 200, "{body}");
+        for metric in ["ztunnel_connected", "nodeagent_enrolled_pods"] {
+            assert!(body.contains(&format!("# TYPE {metric} ")), "{sets:?}: no {metric} on {port}:\n{body}");
+        }
+    }
+    // Without the node agent install-cni serves the annotated port.
+    let (_, r) = render(&[NO_REPAIR_IN_PLACE.to_owned()]);
+    assert!(r.container("istio-cni-node", "node-agent").is_none());
+    let install = r.container("istio-cni-node", "install-cni").unwrap();
+    let annotations = &r.get("DaemonSet", "istio-cni-node")["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/port"].as_str(), Some(metrics_port(&r, install).to_string().as_str()));
+}

@@ -187,11 +187,19 @@ fn a_repair_the_api_refuses_is_logged_and_retried_on_the_pods_next_update() {
         || agent.log(),
     );
     assert!(failure.contains("shop/broken") && failure.contains("delete") && failure.contains("500"), "{failure}");
+    // Its Event (DeleteBrokenPod) got the 500 too: logged, and the repair goes on.
+    eventually_or(
+        "the failed event is logged",
+        || agent.log().contains("cannot write event").then_some(()),
+        || agent.log(),
+    );
     c.api.set_fault(None);
     assert!(c.api.get("Pod", Some(NS), "broken").is_some());
     assert_eq!(agent.probes(), (Some(200), Some(200)), "the agent keeps running");
-    let deleted = "istio_cni_repair_pods_repaired_total{type=\"delete\"}";
-    assert_eq!(agent.metric(deleted), None, "a failed delete is not counted");
+    let deleted = "istio_cni_repair_pods_repaired_total{type=\"delete\",result=\"success\"}";
+    let failed = "istio_cni_repair_pods_repaired_total{type=\"delete\",result=\"fail\"}";
+    assert_eq!(agent.metric(deleted), None, "a failed delete is not counted as done");
+    eventually("the failed delete is counted as Istio counts it", || (agent.metric(failed) == Some(1)).then_some(()));
 
     // The kubelet records the next failed attempt: that update brings the retry.
     let mut pod = c.api.get("Pod", Some(NS), "broken").expect("broken pod stored");
@@ -203,6 +211,7 @@ fn a_repair_the_api_refuses_is_logged_and_retried_on_the_pods_next_update() {
         || agent.log(),
     );
     eventually("the delete is counted once", || (agent.metric(deleted) == Some(1)).then_some(()));
+    assert_eq!(agent.metric(failed), Some(1), "{}", agent.metrics());
     assert_eq!(agent.log().matches("Deleting broken pod: shop/broken").count(), 2, "{}", agent.log());
 }
 

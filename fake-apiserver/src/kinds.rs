@@ -36,7 +36,7 @@ const META_FIELDS: &[&str] = &["metadata.name", "metadata.namespace"];
 pub(crate) const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
 /// Every kind the fake serves.
-pub(crate) static KINDS: [ResourceKind; 10] = [
+pub(crate) static KINDS: [ResourceKind; 11] = [
     ResourceKind {
         kind: "Pod",
         list_kind: "PodList",
@@ -125,6 +125,32 @@ pub(crate) static KINDS: [ResourceKind; 10] = [
         short_names: &["cm"],
         has_status: false,
         selectable_fields: META_FIELDS,
+    },
+    ResourceKind {
+        kind: "Event",
+        list_kind: "EventList",
+        plural: "events",
+        singular: "event",
+        group: "",
+        api_version: "v1",
+        namespaced: true,
+        has_generation: false,
+        short_names: &["ev"],
+        has_status: false,
+        selectable_fields: &[
+            "metadata.name",
+            "metadata.namespace",
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "type",
+        ],
     },
     ResourceKind {
         kind: "ClusterRole",

@@ -13,7 +13,7 @@ use crate::crash::{self, Step};
 use crate::fight::{likely_culprit, FightDetector};
 use crate::journal::{original_bytes, ConfRecord, Journal};
 use crate::kubeconfig::{self, KubeconfigSettings};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Outcome};
 
 /// Failures that stop the agent at startup.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +123,10 @@ impl Agent {
 
     fn install_binaries(&mut self) -> Result<(), BinError> {
         let result = binaries::install(&self.config.cni_bin_source_dir, &self.config.target_bin_dirs());
-        self.metrics.install(result.is_ok());
+        if result.is_err() {
+            // A success is counted once the whole install is done (the CNI config written), as in Istio.
+            self.metrics.install(Outcome::CopyBinariesFailure);
+        }
         self.binaries = result?;
         for bin in &self.binaries {
             self.journal.binary(&bin.path);
@@ -186,7 +189,12 @@ impl Agent {
 
     /// Writes the kubeconfig when it is missing or differs (e.g. the projected token rotated).
     fn ensure_kubeconfig(&mut self) -> Result<(), kubeconfig::KubeconfigError> {
-        let want = kubeconfig::render(&self.kube)?;
+        let want = kubeconfig::render(&self.kube).inspect_err(|e| {
+            self.metrics.install(match e {
+                kubeconfig::KubeconfigError::Read { .. } => Outcome::ReadServiceAccountFailure,
+                _ => Outcome::CreateKubeconfigFailure,
+            })
+        })?;
         let path = self.config.kubeconfig_path();
         if std::fs::read(&path).ok().as_deref() == Some(want.as_bytes()) {
             return Ok(());
@@ -197,7 +205,10 @@ impl Agent {
                 self.journal.kubeconfig = Some(path);
                 self.save_journal();
             }
-            Err(e) => tracing::error!(kubeconfig = %path.display(), error = %e, "cannot write kubeconfig"),
+            Err(e) => {
+                self.metrics.install(Outcome::CreateKubeconfigFailure);
+                tracing::error!(kubeconfig = %path.display(), error = %e, "cannot write kubeconfig")
+            }
         }
         Ok(())
     }
@@ -219,14 +230,14 @@ impl Agent {
             }
         }
         let plan = match cniconf::desired(&dir, &self.settings, &self.entry) {
-            Ok(Some(plan)) => plan,
+            Ok(Some(plan)) => Desired { mode: self.config.conf_mode().unwrap_or(plan.mode), ..plan },
             Ok(None) => return Err(format!("waiting for a primary CNI config in {}", dir.display())),
             Err(e) => {
-                self.metrics.install(false);
+                self.metrics.install(Outcome::CreateCniConfigFailure);
                 return Err(e.to_string());
             }
         };
-        self.write_conf(&plan).inspect_err(|_| self.metrics.install(false))
+        self.write_conf(&plan).inspect_err(|_| self.metrics.install(Outcome::CreateCniConfigFailure))
     }
 
     fn write_conf(&mut self, plan: &Desired) -> Result<(), String> {
@@ -247,7 +258,7 @@ impl Agent {
             _ => {}
         }
         self.save_journal();
-        self.metrics.install(true);
+        self.metrics.install(Outcome::Success);
         self.installed_conf = Some(plan.target.clone());
         Ok(())
     }

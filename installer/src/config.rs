@@ -37,15 +37,24 @@ pub struct Config {
     /// Name of this pod.
     #[arg(long, env = "POD_NAME", default_value = "")]
     pub pod_name: String,
-    /// The node this agent runs on.
+    /// The node this agent runs on (Istio's `KUBERNETES_NODE_NAME` is read when this is unset).
     #[arg(long, env = "NODE_NAME", default_value = "")]
     pub node_name: String,
+    /// Istio's name for the node setting; used when `NODE_NAME` is unset.
+    #[arg(long, env = "KUBERNETES_NODE_NAME", default_value = "")]
+    pub kubernetes_node_name: String,
     /// Whether ambient mode is enabled (the plugin then hands ambient pods to the node agent).
     #[arg(long, env = "AMBIENT_ENABLED", default_value_t = false, action = ArgAction::Set)]
     pub ambient_enabled: bool,
-    /// Ambient enablement selectors as a JSON list of pod/namespace LabelSelectors (Istio's by default: the pod
-    /// label, or the namespace label unless the pod opts out).
-    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR", default_value_t = Selectors::default().to_json(), value_parser = parse_json)]
+    /// Ambient enablement selectors as a YAML or JSON list of pod/namespace LabelSelectors (Istio's by default: the
+    /// pod label, or the namespace label unless the pod opts out); the plugin's netconf carries them as JSON.
+    #[arg(
+        long,
+        env = "AMBIENT_ENABLEMENT_SELECTOR",
+        allow_hyphen_values = true,
+        default_value_t = Selectors::default().to_json(),
+        value_parser = parse_selectors
+    )]
     pub ambient_enablement_selector: serde_json::Value,
     /// Retry API errors during the plugin's ambient detection.
     #[arg(long, env = "ENABLE_AMBIENT_DETECTION_RETRY", default_value_t = false, action = ArgAction::Set)]
@@ -53,6 +62,9 @@ pub struct Config {
     /// Let the plugin program nftables instead of iptables.
     #[arg(long, env = "NATIVE_NFTABLES", default_value_t = false, action = ArgAction::Set)]
     pub native_nftables: bool,
+    /// Make the CNI config we write readable by its group (mode 0640), as Istio's `CNI_CONF_GROUP_READ`.
+    #[arg(long, env = "CNI_CONF_GROUP_READ", default_value_t = false, action = ArgAction::Set)]
+    pub cni_conf_group_read: bool,
     /// Write our own higher-priority conflist instead of editing the primary (ambient + chained only).
     #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG", default_value_t = false, action = ArgAction::Set)]
     pub istio_owned_cni_config: bool,
@@ -111,8 +123,12 @@ fn parse_mode(s: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
-fn parse_json(s: &str) -> Result<serde_json::Value, String> {
-    serde_json::from_str(s).map_err(|e| format!("not valid JSON: {e}"))
+/// `AMBIENT_ENABLEMENT_SELECTOR` in YAML or JSON, checked, as the JSON the netconf carries.
+fn parse_selectors(s: &str) -> Result<serde_json::Value, String> {
+    if s.trim().is_empty() {
+        return Ok(Selectors::default().to_json());
+    }
+    Selectors::parse(s).map(|selectors| selectors.to_json()).map_err(|e| e.to_string())
 }
 
 fn parse_seconds(s: &str) -> Result<Duration, String> {
@@ -139,9 +155,11 @@ impl daemon::lifecycle::Daemon for Config {
 }
 
 impl Config {
-    /// Reads flags and env. The chart's spelling `ISTIO_OWNED_CNI_CONF_FILENAME` is honoured too.
+    /// Reads flags and env. The chart's spelling `ISTIO_OWNED_CNI_CONF_FILENAME` is honoured too, and Istio's
+    /// `KUBERNETES_NODE_NAME` when `NODE_NAME` is unset.
     pub fn load() -> Result<Config, clap::Error> {
         let mut config = Config::try_parse()?;
+        config.resolve_node_name();
         if std::env::var_os("ISTIO_OWNED_CNI_CONFIG_FILENAME").is_none() {
             if let Some(name) = std::env::var("ISTIO_OWNED_CNI_CONF_FILENAME").ok().filter(|n| !n.is_empty()) {
                 config.istio_owned_cni_config_filename = name;
@@ -187,9 +205,6 @@ impl Config {
                 self.kubernetes_service_protocol
             ));
         }
-        if !self.ambient_enablement_selector.is_array() {
-            return Err("AMBIENT_ENABLEMENT_SELECTOR must be a JSON list of selectors".into());
-        }
         Ok(())
     }
 
@@ -209,6 +224,19 @@ impl Config {
             skip_tls_verify: self.skip_tls_verify,
             service_account_dir: self.service_account_dir.clone(),
         }
+    }
+
+    /// Takes Istio's `KUBERNETES_NODE_NAME` when `NODE_NAME` is unset.
+    pub fn resolve_node_name(&mut self) {
+        if self.node_name.is_empty() {
+            self.node_name = self.kubernetes_node_name.clone();
+        }
+    }
+
+    /// The permission bits of the CNI config we write when `CNI_CONF_GROUP_READ` is on; `None` keeps the
+    /// existing file's (or a new file's default).
+    pub fn conf_mode(&self) -> Option<u32> {
+        self.cni_conf_group_read.then_some(0o640)
     }
 
     /// Where the plugin's kubeconfig goes.
@@ -252,6 +280,34 @@ mod tests {
         let c = parse(&["--cni-conf-name", "../x.conf"]).unwrap();
         assert!(c.validate().unwrap_err().contains("CNI_CONF_NAME"));
         assert!(parse(&["--chained-cni-plugin", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn enablement_selector_is_yaml_or_json() {
+        let yaml = "- podSelector:\n    matchLabels:\n      mesh: ambient\n";
+        let json = r#"[{"podSelector":{"matchLabels":{"mesh":"ambient"}}}]"#;
+        let from_yaml = parse(&["--ambient-enablement-selector", yaml]).unwrap().ambient_enablement_selector;
+        let from_json = parse(&["--ambient-enablement-selector", json]).unwrap().ambient_enablement_selector;
+        assert_eq!(from_yaml, from_json);
+        assert_eq!(from_yaml, serde_json::json!([{"podSelector": {"matchLabels": {"mesh": "ambient"}}}]));
+        let err = parse(&["--ambient-enablement-selector", "{not: [a list"]).unwrap_err().to_string();
+        assert!(err.contains("ambient-enablement-selector"), "{err}");
+    }
+
+    #[test]
+    fn kubernetes_node_name_alone_sets_the_node() {
+        let mut c = parse(&["--kubernetes-node-name", "istio-node"]).unwrap();
+        c.resolve_node_name();
+        assert_eq!(c.node_name, "istio-node");
+        let mut c = parse(&["--node-name", "ours", "--kubernetes-node-name", "istio-node"]).unwrap();
+        c.resolve_node_name();
+        assert_eq!(c.node_name, "ours");
+    }
+
+    #[test]
+    fn group_read_makes_the_conf_0640() {
+        assert_eq!(parse(&[]).unwrap().conf_mode(), None);
+        assert_eq!(parse(&["--cni-conf-group-read", "true"]).unwrap().conf_mode(), Some(0o640));
     }
 
     #[test]

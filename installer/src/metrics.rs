@@ -9,8 +9,36 @@ use prometheus_client::registry::Registry;
 /// Label of `istio_cni_installs_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InstallResult {
-    /// `success` or `failure`.
+    /// One of Istio's values: [`Outcome::label`].
     pub result: String,
+}
+
+/// How one install attempt ended, as Istio's `istio_cni_installs_total{result}` tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The plugin is installed: binaries, kubeconfig and CNI config (`SUCCESS`).
+    Success,
+    /// Copying the plugin binaries failed (`COPY_BINARIES_FAILURE`).
+    CopyBinariesFailure,
+    /// Reading the service account's token or CA failed (`READ_SERVICE_ACCOUNT_FAILURE`).
+    ReadServiceAccountFailure,
+    /// Writing the plugin's kubeconfig failed (`CREATE_KUBECONFIG_FAILURE`).
+    CreateKubeconfigFailure,
+    /// Writing the CNI config failed (`CREATE_CNI_CONFIG_FAILURE`).
+    CreateCniConfigFailure,
+}
+
+impl Outcome {
+    /// Istio's label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Success => "SUCCESS",
+            Outcome::CopyBinariesFailure => "COPY_BINARIES_FAILURE",
+            Outcome::ReadServiceAccountFailure => "READ_SERVICE_ACCOUNT_FAILURE",
+            Outcome::CreateKubeconfigFailure => "CREATE_KUBECONFIG_FAILURE",
+            Outcome::CreateCniConfigFailure => "CREATE_CNI_CONFIG_FAILURE",
+        }
+    }
 }
 
 /// The metrics operators alert on.
@@ -18,7 +46,7 @@ pub struct InstallResult {
 pub struct Metrics {
     /// 1 while the install is valid.
     pub ready: Gauge,
-    /// Install and repair attempts by result.
+    /// Install and repair attempts by result (Istio's values, [`Outcome`]).
     pub installs: Family<InstallResult, Counter>,
     /// Config fights detected (another writer kept reverting us).
     pub config_fights: Counter,
@@ -43,8 +71,7 @@ impl Metrics {
     }
 
     /// Counts one install attempt.
-    pub fn install(&self, ok: bool) {
-        let result = if ok { "success" } else { "failure" }.to_string();
-        self.installs.get_or_create(&InstallResult { result }).inc();
+    pub fn install(&self, outcome: Outcome) {
+        self.installs.get_or_create(&InstallResult { result: outcome.label().into() }).inc();
     }
 }

@@ -183,6 +183,27 @@ fn sample_until(path: &Path, stop: &AtomicBool) -> (usize, Vec<String>) {
     (samples, bad)
 }
 
+/// `istio_cni_installs_total{result="..."}` with one of Istio's values.
+fn installs(run: &InstallCni, result: &str) -> Option<f64> {
+    run.metric(&format!("istio_cni_installs_total{{result=\"{result}\"}}"))
+}
+
+#[test]
+fn installs_are_counted_with_istios_result_values() {
+    let (_cluster, installer) = node_with_bridge();
+    let run = installed(&installer);
+    assert_eq!(installs(&run, "SUCCESS"), Some(1.0), "{}", run.get(ports::CNI_MONITORING, "/metrics").unwrap().1);
+
+    // The service account's token disappears: the kubeconfig cannot be written, as Istio counts it.
+    std::fs::remove_file(installer.sa.path().join("token")).unwrap();
+    std::fs::write(installer.net_d.join("99-nudge.txt"), "not a CNI config").unwrap();
+    run.until("the unreadable token is counted", || {
+        installs(&run, "READ_SERVICE_ACCOUNT_FAILURE").is_some_and(|n| n >= 1.0).then_some(())
+    });
+    let metrics = run.get(ports::CNI_MONITORING, "/metrics").unwrap().1;
+    assert!(!metrics.contains("result=\"success\"") && !metrics.contains("result=\"failure\""), "{metrics}");
+}
+
 #[test]
 fn a_rotated_token_reaches_the_kubeconfig() {
     let (cluster, mut installer) = node_with_bridge();
@@ -442,4 +463,47 @@ fn a_bad_setting_exits_non_zero_naming_the_variable() {
     assert!(!installer.kubeconfig().exists(), "a rejected config wrote the kubeconfig");
     let link: PathBuf = std::fs::read_link(installer.bin_dir.join(names::PLUGIN_TYPE)).expect("bin dir untouched");
     assert!(link.is_absolute());
+}
+
+/// Istio's DaemonSet passes the log settings as `--log_output_level` (scoped, `default:debug`) and `--log_as_json`:
+/// install-cni takes them, over `LOG_LEVEL`, and logs at debug, one JSON object a line.
+#[test]
+fn istios_log_flags_set_a_scoped_level_and_json_lines() {
+    let (_cluster, mut installer) = node_with_bridge();
+    installer.env("LOG_LEVEL", "warn").arg("--log_output_level=default:debug").arg("--log_as_json");
+    let mut run = installed(&installer);
+    assert!(run.terminate().success());
+    let log = run.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}\n{log}")))
+        .collect();
+    assert!(lines.iter().any(|l| l["level"] == "DEBUG"), "no debug line:\n{log}");
+}
+
+/// Istio's `CNI_CONF_GROUP_READ`: the CNI config install-cni writes is readable by its group (0640).
+#[test]
+fn cni_conf_group_read_makes_the_written_config_0640() {
+    let (_cluster, mut installer) = node_with_bridge();
+    installer.env("CNI_CONF_GROUP_READ", "true");
+    let _run = installed(&installer);
+    let mode = std::fs::metadata(installer.net_d.join(PRIMARY)).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o640, "mode {mode:o}");
+}
+
+/// `AMBIENT_ENABLEMENT_SELECTOR` in YAML, as Istio's chart renders it, is accepted and reaches the plugin's netconf
+/// as the same selectors in JSON.
+#[test]
+fn a_yaml_enablement_selector_reaches_the_netconf() {
+    let (_cluster, mut installer) = node_with_bridge();
+    let yaml = "- podSelector:\n    matchLabels:\n      mesh: ambient\n- podSelector:\n    matchExpressions:\n    \
+                - key: tier\n      operator: In\n      values: [front]\n";
+    installer.env("AMBIENT_ENABLED", "true").env("AMBIENT_ENABLEMENT_SELECTOR", yaml);
+    let run = installed(&installer);
+    let list = read_json(&installer.net_d.join(PRIMARY)).unwrap();
+    let want = json!([
+        { "podSelector": { "matchLabels": { "mesh": "ambient" } } },
+        { "podSelector": { "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["front"] }] } },
+    ]);
+    assert_eq!(list["plugins"][1]["enablement_selectors"], want, "{list:#}\n{}", run.log());
 }

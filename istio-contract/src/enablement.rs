@@ -260,6 +260,14 @@ mod tests {
     }
 
     #[test]
+    fn the_setting_parses_as_yaml_or_json_the_same() {
+        let yaml = Selectors::default().to_yaml();
+        let json = Selectors::default().to_json().to_string();
+        assert_eq!(Selectors::parse(&yaml).unwrap(), Selectors::parse(&json).unwrap());
+        assert!(matches!(Selectors::parse("[{podSelector: ]"), Err(SelectorError::Parse(_))));
+    }
+
+    #[test]
     fn netconf_json_defaults_when_absent() {
         assert_eq!(Selectors::from_json(None).unwrap(), Selectors::default());
         let v = serde_json::json!([{"podSelector": {"matchLabels": {"x": "y"}}}]);

@@ -1,18 +1,25 @@
 //! The node agent's configuration: flags with matching env vars, named as Istio's chart sets them.
 
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
 use istio_contract::enablement::{SelectorError, Selectors};
+use istio_contract::proxy::{PROBE_SNAT_V4, PROBE_SNAT_V6};
 use istio_contract::{names, paths};
+
+use crate::repair::selectors::{PodSelection, SelectorError as RepairSelectorError};
 
 /// Every setting of the agent, validated once at startup.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "node-agent", about = "Enrolls ambient pods and hands their network namespaces to the node proxy")]
 pub struct Config {
-    /// This node's name; only pods scheduled here are watched.
-    #[arg(long, env = "NODE_NAME")]
+    /// This node's name; only pods scheduled here are watched. Istio's `KUBERNETES_NODE_NAME` is read when unset.
+    #[arg(long, env = "NODE_NAME", default_value = "")]
     pub node_name: String,
+    /// Istio's name for the node setting; used when `NODE_NAME` is unset.
+    #[arg(long, env = "KUBERNETES_NODE_NAME", default_value = "")]
+    pub kubernetes_node_name: String,
     /// Whether ambient enrollment is on at all.
     #[arg(long, env = "AMBIENT_ENABLED", default_value_t = true, action = ArgAction::Set)]
     pub ambient_enabled: bool,
@@ -22,8 +29,8 @@ pub struct Config {
     /// Program IPv6 rules too.
     #[arg(long, env = "AMBIENT_IPV6", default_value_t = true, action = ArgAction::Set)]
     pub ambient_ipv6: bool,
-    /// Enablement selectors (YAML list of pod/namespace LabelSelectors); Istio's defaults when empty.
-    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR", default_value = "")]
+    /// Enablement selectors (YAML or JSON list of pod/namespace LabelSelectors); Istio's defaults when empty.
+    #[arg(long, env = "AMBIENT_ENABLEMENT_SELECTOR", default_value = "", allow_hyphen_values = true)]
     pub ambient_enablement_selector: String,
     /// Re-program the rules of already enrolled pods at startup.
     #[arg(long, env = "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", default_value_t = false, action = ArgAction::Set)]
@@ -54,6 +61,12 @@ pub struct Config {
     /// `/host/proc/1/ns/net`.
     #[arg(long, env = "HOST_NETNS")]
     pub host_netns: Option<PathBuf>,
+    /// Source address the host's probes (kubelet) are SNATed to, so the in-pod rules let them past the proxy.
+    #[arg(long, env = "HOST_PROBE_SNAT_IP", default_value_t = PROBE_SNAT_V4)]
+    pub host_probe_snat_ip: Ipv4Addr,
+    /// The IPv6 counterpart of `HOST_PROBE_SNAT_IP`.
+    #[arg(long, env = "HOST_PROBE_SNAT_IPV6", default_value_t = PROBE_SNAT_V6)]
+    pub host_probe_snat_ipv6: Ipv6Addr,
     /// The race repair controller (pods that started before the plugin was chained).
     #[command(flatten)]
     pub repair: RepairConfig,
@@ -112,6 +125,19 @@ pub struct RepairConfig {
     /// Label value set on broken pods in label mode.
     #[arg(long = "repair-broken-pod-label-value", env = "REPAIR_BROKEN_POD_LABEL_VALUE", default_value = "true")]
     pub broken_pod_label_value: String,
+    /// Kubernetes label selector (`app=web,tier in (a,b)`); only pods it matches are repaired. Empty: all.
+    #[arg(long = "repair-label-selectors", env = "REPAIR_LABEL_SELECTORS", default_value = "")]
+    pub label_selectors: String,
+    /// Kubernetes field selector (`metadata.namespace=team-a`); only pods it matches are repaired. Empty: all.
+    #[arg(long = "repair-field-selectors", env = "REPAIR_FIELD_SELECTORS", default_value = "")]
+    pub field_selectors: String,
+}
+
+impl RepairConfig {
+    /// The pods `REPAIR_LABEL_SELECTORS` and `REPAIR_FIELD_SELECTORS` let the controller touch.
+    pub fn pod_selection(&self) -> Result<PodSelection, RepairSelectorError> {
+        PodSelection::parse(&self.label_selectors, &self.field_selectors)
+    }
 }
 
 /// What the shared main needs to run the agent: its settings, checks and runtime (two workers: the agent's work
@@ -121,7 +147,9 @@ impl daemon::lifecycle::Daemon for Config {
     const RUNTIME: daemon::lifecycle::Runtime = daemon::lifecycle::Runtime::MultiThread { workers: Some(2) };
 
     fn parse() -> Self {
-        <Config as Parser>::parse()
+        let mut config = <Config as Parser>::parse();
+        config.resolve_node_name();
+        config
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -143,6 +171,13 @@ impl Config {
         }
     }
 
+    /// Takes Istio's `KUBERNETES_NODE_NAME` when `NODE_NAME` is unset.
+    pub fn resolve_node_name(&mut self) {
+        if self.node_name.is_empty() {
+            self.node_name = self.kubernetes_node_name.clone();
+        }
+    }
+
     /// Excluded namespaces without empty entries.
     pub fn excluded(&self) -> Vec<String> {
         self.exclude_namespaces.iter().filter(|n| !n.is_empty()).cloned().collect()
@@ -151,7 +186,7 @@ impl Config {
     /// Checks what clap cannot; the message names the setting.
     pub fn validate(&self) -> Result<(), String> {
         if self.node_name.is_empty() {
-            return Err("NODE_NAME must be set".into());
+            return Err("NODE_NAME (or KUBERNETES_NODE_NAME) must be set".into());
         }
         for (name, path) in
             [("ZTUNNEL_UDS_ADDRESS", &self.ztunnel_uds_address), ("CNI_AGENT_RUN_DIR", &self.cni_agent_run_dir)]
@@ -165,6 +200,7 @@ impl Config {
                 return Err(format!("REPAIR_NODE_NAME ({node}) must equal NODE_NAME ({})", self.node_name));
             }
         }
+        self.repair.pod_selection().map_err(|e| e.to_string())?;
         self.selectors().map(|_| ()).map_err(|e| format!("AMBIENT_ENABLEMENT_SELECTOR: {e}"))
     }
 }
@@ -185,6 +221,47 @@ mod tests {
             (r.broken_pod_label_key.as_str(), r.broken_pod_label_value.as_str()),
             ("cni.istio.io/uninitialized", "true")
         );
+    }
+
+    #[test]
+    fn kubernetes_node_name_alone_sets_the_node() {
+        let mut config = Config::try_parse_from(["node-agent", "--kubernetes-node-name", "istio-node"]).unwrap();
+        config.resolve_node_name();
+        assert_eq!(config.node_name, "istio-node");
+        assert!(config.validate().is_ok());
+        let config = Config::try_parse_from(["node-agent"]).unwrap();
+        assert!(config.validate().unwrap_err().contains("NODE_NAME"));
+    }
+
+    #[test]
+    fn host_probe_snat_defaults_are_istios_and_can_be_set() {
+        let config = Config::try_parse_from(["node-agent", "--node-name", "n"]).unwrap();
+        assert_eq!((config.host_probe_snat_ip, config.host_probe_snat_ipv6), (PROBE_SNAT_V4, PROBE_SNAT_V6));
+        let config =
+            Config::try_parse_from(["node-agent", "--node-name", "n", "--host-probe-snat-ip", "169.254.7.200"])
+                .unwrap();
+        assert_eq!(config.host_probe_snat_ip, Ipv4Addr::new(169, 254, 7, 200));
+    }
+
+    #[test]
+    fn enablement_selector_is_yaml_or_json() {
+        let yaml = "- podSelector:\n    matchLabels:\n      mesh: ambient\n";
+        let json = r#"[{"podSelector":{"matchLabels":{"mesh":"ambient"}}}]"#;
+        let parsed = |text: &str| {
+            let config =
+                Config::try_parse_from(["node-agent", "--node-name", "n", "--ambient-enablement-selector", text])
+                    .unwrap();
+            config.selectors().unwrap().to_json()
+        };
+        assert_eq!(parsed(yaml), parsed(json));
+    }
+
+    #[test]
+    fn malformed_repair_selectors_fail_validation() {
+        let config =
+            Config::try_parse_from(["node-agent", "--node-name", "n", "--repair-label-selectors", "app in web"])
+                .unwrap();
+        assert!(config.validate().unwrap_err().contains("REPAIR_LABEL_SELECTORS"));
     }
 
     #[test]

@@ -240,7 +240,8 @@ impl Enroller {
             ingress_mode: flag(AMBIENT_BYPASS_INBOUND_CAPTURE).unwrap_or(false),
             virtual_interfaces: istio_contract::validate::interfaces(ann, REROUTE_VIRTUAL_INTERFACES)?,
             enable_ipv6: self.config.ambient_ipv6,
-            ..InpodConfig::default()
+            probe_snat_v4: self.config.host_probe_snat_ip,
+            probe_snat_v6: self.config.host_probe_snat_ipv6,
         })
     }
 

@@ -70,7 +70,12 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         tracing::info!(signal = ?sig, "shutting down");
         return Ok(());
     };
-    let mut probe_config = HostProbeConfig { enable_ipv6: config.ambient_ipv6, ..HostProbeConfig::default() };
+    let mut probe_config = HostProbeConfig {
+        enable_ipv6: config.ambient_ipv6,
+        snat_v4: config.host_probe_snat_ip,
+        snat_v6: config.host_probe_snat_ipv6,
+        ..HostProbeConfig::default()
+    };
     if matches!(backend, Backend::Nftables) {
         // Istio's nftables rule SNATs only the kubelet's sockets (`meta skuid`): without the kubelet's uid there is
         // no rule to program, and guessing one (root) would SNAT the wrong sockets and fail the real probes.

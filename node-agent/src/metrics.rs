@@ -28,11 +28,14 @@ pub struct Phase {
     pub phase: String,
 }
 
-/// Label of the repair counter.
+/// Labels of the repair counter, Istio's.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RepairType {
     /// `repair`, `label` or `delete`.
     pub r#type: String,
+    /// `success`, `skip` (nothing to do: already labelled, gone, or a pod the plugin would not redirect) or
+    /// `fail`.
+    pub result: String,
 }
 
 /// Everything operators watch on the agent.
@@ -48,7 +51,7 @@ pub struct Metrics {
     pub enrolled_pods: Gauge,
     /// Enrollment latency by phase.
     pub enrollment_seconds: Family<Phase, Histogram>,
-    /// Broken pods the repair controller acted on, by action.
+    /// Broken pods the repair controller acted on, by action and result.
     pub pods_repaired: Family<RepairType, Counter>,
     /// Scans of `/proc` for running pods' netns; one per namespace label change, however many pods it enrolls.
     pub proc_scans: Counter,
@@ -87,7 +90,7 @@ impl Metrics {
         // The registry adds no prefix and the counter adds `_total`: exposed as istio_cni_repair_pods_repaired_total.
         registry.register(
             "istio_cni_repair_pods_repaired",
-            "Broken pods repaired by the repair controller, by type (repair, label, delete)",
+            "Broken pods handled by the repair controller, by type (repair, label, delete) and result (success, skip, fail)",
             m.pods_repaired.clone(),
         );
         m

@@ -73,6 +73,7 @@ impl ServiceAccountDir {
 #[derive(Debug)]
 pub struct Installer {
     env: Vec<(String, String)>,
+    args: Vec<String>,
     netns: PathBuf,
     scratch: TempDir,
     /// The projected service-account volume the installer reads its token from.
@@ -118,6 +119,7 @@ impl Installer {
         ];
         Self {
             env: env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            args: Vec::new(),
             netns: cluster.node.netns().path(),
             scratch,
             sa,
@@ -135,6 +137,12 @@ impl Installer {
         self
     }
 
+    /// Adds a command-line argument to the next runs (Istio's chart passes some settings as flags).
+    pub fn arg(&mut self, arg: &str) -> &mut Self {
+        self.args.push(arg.to_owned());
+        self
+    }
+
     /// The kubeconfig the installer writes for the plugin.
     pub fn kubeconfig(&self) -> PathBuf {
         self.run_dir.join(paths::KUBECONFIG_FILE)
@@ -145,7 +153,8 @@ impl Installer {
         let log = self.scratch.path().join(format!("install-cni-{}.log", RUNS.fetch_add(1, Ordering::Relaxed)));
         let stderr = File::create(&log).expect("installer log file");
         let mut cmd = Command::new(bins::path("install-cni"));
-        cmd.env_clear()
+        cmd.args(&self.args)
+            .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 
+use super::selectors::PodSelection;
 use crate::config::Config;
 
 /// The tests a pod must pass to be repaired, from the `REPAIR_*` settings.
@@ -18,6 +19,8 @@ pub struct Criteria {
     pub exit_code: i32,
     /// When non-empty, the termination message must contain it.
     pub termination_msg: String,
+    /// `REPAIR_LABEL_SELECTORS` and `REPAIR_FIELD_SELECTORS`: only pods they match are touched.
+    pub selection: PodSelection,
 }
 
 impl Criteria {
@@ -30,6 +33,8 @@ impl Criteria {
             init_container: repair.init_container_name.clone(),
             exit_code: repair.init_exit_code,
             termination_msg: repair.init_termination_msg.clone(),
+            // Checked at startup (`Config::validate`).
+            selection: repair.pod_selection().unwrap_or_default(),
         }
     }
 
@@ -54,7 +59,7 @@ impl Criteria {
                 (None, None) => false,
             }
         });
-        on_node && injected && failed
+        on_node && injected && failed && self.selection.matches(pod)
     }
 
     fn is_redirect_failure(&self, terminated: &ContainerStateTerminated) -> bool {
@@ -77,6 +82,7 @@ mod tests {
             init_container: VALIDATION_CONTAINER.into(),
             exit_code: VALIDATION_EXIT_CODE,
             termination_msg: msg.into(),
+            selection: PodSelection::default(),
         }
     }
 

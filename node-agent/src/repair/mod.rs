@@ -4,7 +4,9 @@
 //! plugin would have programmed), or by deleting (`REPAIR_DELETE_PODS`) or labelling (`REPAIR_LABEL_PODS`) it.
 
 mod broken;
+pub mod events;
 mod in_place;
+pub mod selectors;
 
 use std::collections::HashSet;
 
@@ -19,6 +21,7 @@ use crate::config::{Config, RepairConfig};
 use crate::metrics::{Metrics, RepairType};
 use crate::node_pods::{NodePods, PodEvents};
 use broken::Criteria;
+use events::{Recorder, REASON_DELETE, REASON_LABEL};
 use in_place::InPlace;
 
 /// What the controller does with a broken pod.
@@ -89,6 +92,7 @@ pub fn start(
     let names: Vec<&str> = actions.iter().map(|a| a.name()).collect();
     tracing::info!(actions = ?names, init_container = %repair.init_container_name, "repair controller on");
     let controller = Controller {
+        events: Recorder::new(client.clone(), config.node_name.clone()),
         api: client,
         criteria: Criteria::from_config(config),
         actions,
@@ -102,14 +106,17 @@ pub fn start(
 
 /// What one action did with a broken pod.
 enum Outcome {
-    /// Done and counted.
+    /// Done: counted with `result="success"`.
     Acted,
-    /// Nothing (left) to do: already labelled, gone, or a pod the plugin would not redirect.
+    /// Nothing (left) to do: already labelled, gone, or a pod the plugin would not redirect; counted with
+    /// `result="skip"`.
     Nothing,
 }
 
 struct Controller {
     api: Client,
+    /// Writes Istio's Events about deleted and labelled pods.
+    events: Recorder,
     criteria: Criteria,
     /// The selected actions, tried in order until one does not fail.
     actions: Vec<Action>,
@@ -162,11 +169,16 @@ impl Controller {
         let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or_default(), pod.metadata.name.as_deref());
         let name = name.unwrap_or_default();
         for action in self.actions.clone() {
-            match self.act(action, pod, ns, name).await {
+            let result = self.act(action, pod, ns, name).await;
+            let counted = match &result {
+                Ok(Outcome::Acted) => "success",
+                Ok(Outcome::Nothing) => "skip",
+                Err(_) => "fail",
+            };
+            let labels = RepairType { r#type: action.name().into(), result: counted.into() };
+            metrics.pods_repaired.get_or_create(&labels).inc();
+            match result {
                 Ok(outcome) => {
-                    if let Outcome::Acted = outcome {
-                        metrics.pods_repaired.get_or_create(&RepairType { r#type: action.name().into() }).inc();
-                    }
                     if !(action == Action::Label && matches!(outcome, Outcome::Nothing)) {
                         self.done.insert(id);
                     }
@@ -183,6 +195,8 @@ impl Controller {
         tracing::warn!(pod = %format!("{ns}/{name}"), "broken pod not repaired; retried on its next update");
     }
 
+    /// Does `action` on `pod`. A delete or a label, done or failed, is told in a Kubernetes Event, as Istio does
+    /// (an in-place repair writes none, as in Istio).
     async fn act(&self, action: Action, pod: &Pod, ns: &str, name: &str) -> Result<Outcome, String> {
         let api = Api::<Pod>::namespaced(self.api.clone(), ns);
         let result = match action {
@@ -212,14 +226,24 @@ impl Controller {
                 api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
             }
         };
+        let (reason, done, failed) = match action {
+            Action::Delete => (REASON_DELETE, "deleted", "delete"),
+            _ => (REASON_LABEL, "labeled", "label"),
+        };
         match result {
-            Ok(()) => Ok(Outcome::Acted),
+            Ok(()) => {
+                self.events.warn(pod, reason, format!("pod detected as broken, {done}"));
+                Ok(Outcome::Acted)
+            }
             // Gone already, or replaced by a pod of the same name: nothing left to repair.
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
                 tracing::info!(pod = %format!("{ns}/{name}"), code = status.code, "broken pod already gone");
                 Ok(Outcome::Nothing)
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => {
+                self.events.warn(pod, reason, format!("pod detected as broken, but failed to {failed}: {e}"));
+                Err(e.to_string())
+            }
         }
     }
 }
