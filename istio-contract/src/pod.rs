@@ -64,3 +64,18 @@ impl From<&Pod> for PodInfo {
         }
     }
 }
+
+/// The pod fields the Kubernetes API server can select pods by (`fieldSelector`). Istio's
+/// `REPAIR_FIELD_SELECTORS` may name only these, and the fake API server refuses any other, as the real one does.
+pub const SELECTABLE_FIELDS: &[&str] = &[
+    "metadata.name",
+    "metadata.namespace",
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+];

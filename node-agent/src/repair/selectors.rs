@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use istio_contract::pod::SELECTABLE_FIELDS;
 use k8s_openapi::api::core::v1::Pod;
 
 /// A selector setting that does not parse; the message names the setting and the offending part.
@@ -13,23 +14,9 @@ pub enum SelectorError {
     #[error("REPAIR_LABEL_SELECTORS: invalid requirement {0:?}")]
     Label(String),
     /// A field selector requirement is malformed or names a field pods cannot be selected by.
-    #[error("REPAIR_FIELD_SELECTORS: invalid requirement {0:?} (fields: {fields})", fields = POD_FIELDS.join(", "))]
+    #[error("REPAIR_FIELD_SELECTORS: invalid requirement {0:?} (fields: {fields})", fields = SELECTABLE_FIELDS.join(", "))]
     Field(String),
 }
-
-/// The pod fields the API server can select pods by.
-const POD_FIELDS: &[&str] = &[
-    "metadata.name",
-    "metadata.namespace",
-    "spec.nodeName",
-    "spec.restartPolicy",
-    "spec.schedulerName",
-    "spec.serviceAccountName",
-    "spec.hostNetwork",
-    "status.phase",
-    "status.podIP",
-    "status.nominatedNodeName",
-];
 
 /// One label requirement, in the API server's selector syntax.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,7 +138,7 @@ fn parse_field(req: &str) -> Result<Field, SelectorError> {
         return Err(SelectorError::Field(req.to_owned()));
     };
     let path = path.trim();
-    if !POD_FIELDS.contains(&path) {
+    if !SELECTABLE_FIELDS.contains(&path) {
         return Err(SelectorError::Field(req.to_owned()));
     }
     Ok(Field { path: path.to_owned(), value: value.trim().to_owned(), equal })
