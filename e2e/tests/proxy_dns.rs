@@ -7,6 +7,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd as _;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -126,8 +127,13 @@ impl DnsServer {
                             write_frame(&mut stream, &fixed_answer(&q));
                         }
                     }
-                    // Polling lets the thread notice `stop`; the sleep only paces the loop.
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
+                    // Nobody is connecting: wait until someone does, at most 10ms, so the thread notices `stop`.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        let mut ready = libc::pollfd { fd: tcp.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                        // SAFETY: one valid pollfd for the listener this thread owns.
+                        let polled = unsafe { libc::poll(&mut ready, 1, 10) };
+                        assert!(polled >= 0, "poll the test DNS server's listener: {}", io::Error::last_os_error());
+                    }
                     Err(e) => panic!("test DNS server: accept: {e}"),
                 }
             }

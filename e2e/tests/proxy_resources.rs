@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use daemon::listener::DEFAULT_MAX_CONNECTIONS;
 use istio_contract::ports;
-use testbed::wait::eventually;
+use testbed::wait::{eventually, within};
 use testbed::{NetnsGuard, Pod};
 
 mod support;
@@ -196,12 +196,9 @@ fn out_of_file_descriptors_the_accept_loops_back_off_warn_once_per_interval_and_
     });
 
     // While it stays out of them (connections keep waiting in the queue), it neither spins nor floods its log.
-    let saturated = Instant::now();
-    while saturated.elapsed() < SATURATED_FOR {
-        let queued = accept_queue(&scene.b.netns, ports::HBONE);
-        assert!(queued > 0, "the proxy accepted the whole queue: it was not out of descriptors");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let drained =
+        within(Instant::now(), SATURATED_FOR, || (accept_queue(&scene.b.netns, ports::HBONE) == 0).then_some(()));
+    assert!(drained.is_none(), "the proxy accepted the whole queue: it was not out of descriptors");
     let log = scene.proxy.log();
     let failures = accept_failures(&log);
     assert_eq!(failures.len(), 1, "one warning per listener and interval, not one per failed accept:\n{failures:#?}");
