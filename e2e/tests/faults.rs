@@ -178,6 +178,13 @@ fn the_agent_rides_out_an_api_server_that_refuses_errors_or_is_slow_and_catches_
 #[test]
 fn a_repair_the_api_refuses_is_logged_and_retried_on_the_pods_next_update() {
     let (c, agent) = ambient_node(RuleBackend::Nftables, NS, &[("REPAIR_DELETE_PODS", "true")]);
+    // Ready means the agent has listed; its watches open just after. Only open watches keep streaming under the
+    // fault, so wait for them.
+    eventually_or(
+        "the agent's pod and namespace watches are open",
+        || (c.api.open_watches("pods") == 1 && c.api.open_watches("namespaces") == 1).then_some(()),
+        || agent.log(),
+    );
     // Open watches keep streaming; every new request, the repair's DELETE included, gets a 500.
     c.api.set_fault(Some(Fault::Status(500)));
     c.api.upsert(crash_looping_pod(NS, "broken", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
