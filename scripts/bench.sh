@@ -13,6 +13,11 @@ profile=release
 for arg in "$@"; do
   [ "$arg" = --quick ] && profile=debug
 done
+# The commit being built, recorded before the build so BENCHMARKS.md names what was measured even if HEAD moves
+# while the benchmark runs; "-dirty" when tracked files differ from it.
+BENCH_BUILT_COMMIT=$(git rev-parse --short HEAD)
+git diff --quiet HEAD -- || BENCH_BUILT_COMMIT="$BENCH_BUILT_COMMIT-dirty"
+export BENCH_BUILT_COMMIT
 if [ "$profile" = release ]; then
   cargo build --release --workspace --bins
 else

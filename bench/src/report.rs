@@ -76,6 +76,16 @@ pub fn machine() -> String {
     let legacy = first_line("iptables-legacy", &["--version"]);
     let _ = writeln!(s, "- iptables: {nft} / {legacy}");
     let _ = writeln!(s, "- nft: {}", first_line("nft", &["--version"]));
-    let _ = writeln!(s, "- Commit: {}", first_line("git", &["rev-parse", "--short", "HEAD"]));
+    let _ = writeln!(s, "- Commit: {}", built_commit());
     s
+}
+
+/// The commit the measured binaries were built from: `scripts/bench.sh` records it (with `-dirty` when the
+/// tree had uncommitted changes) in `BENCH_BUILT_COMMIT` just before it builds them, so a commit made while the
+/// benchmark runs is not credited with its figures.
+fn built_commit() -> String {
+    match std::env::var("BENCH_BUILT_COMMIT") {
+        Ok(commit) if !commit.trim().is_empty() => commit.trim().to_owned(),
+        _ => "unknown (not built by scripts/bench.sh)".to_owned(),
+    }
 }
