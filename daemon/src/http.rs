@@ -29,6 +29,8 @@ pub type Body = Full<Bytes>;
 
 /// Content type of the plain-text answers.
 pub const TEXT: &str = "text/plain; charset=utf-8";
+/// Content type of the JSON answers.
+pub const JSON: &str = "application/json";
 /// A client that has not sent its request headers by then is disconnected.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -4,11 +4,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+use serde::{Deserialize, Serialize};
 
 use crate::names::PROXY_CONTAINER;
 
 /// The `istio-proxy` container's settings that shape the redirect rules.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ProxyContainer {
     /// Literal env values (`valueFrom` entries are ignored, as Istio does).
     pub env: BTreeMap<String, String>,
@@ -20,8 +22,10 @@ pub struct ProxyContainer {
     pub run_as_group: Option<i64>,
 }
 
-/// A pod as the sidecar decision sees it.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// A pod as the sidecar decision sees it. Serializable because the node agent sends it to the plugin from its
+/// watch of the node's pods (the pod setup request in `cni::plugin_event`), sparing the plugin a GET per pod.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PodInfo {
     /// Pod labels.
     pub labels: BTreeMap<String, String>,

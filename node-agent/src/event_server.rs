@@ -1,5 +1,12 @@
-//! The plugin's side door: `POST /cmdadd` on `<run dir>/pluginevent.sock`, served by the daemon's HTTP server. The
-//! reply comes only after the pod is fully enrolled, so the plugin's ADD (and so the pod's start) waits for it.
+//! The plugin's side door on `<run dir>/pluginevent.sock`, served by the daemon's HTTP server:
+//! - `POST /cmdadd` (Istio's event, ambient only): the reply comes only after the pod is fully enrolled, so the
+//!   plugin's ADD (and so the pod's start) waits for it;
+//! - `POST /podsetup` (our plugin's one round trip at ADD): the pod comes from the agent's watch
+//!   ([`crate::pod_lookup`]), not from the API; an ambient pod is enrolled as for `/cmdadd`, any other is answered
+//!   with what the sidecar decision needs; a pod the watch has not delivered within the bounded wait gets 404 and
+//!   the plugin asks the API itself.
+//!
+//! `/cmdadd` also takes the pod from the watch, and GETs it only when the watch has not delivered it in time.
 //!
 //! The socket is mode 0666 (the plugin runs as the runtime's user), so nothing in an event is taken on faith.
 //! Before anything is programmed the agent checks, in this order, that the peer is root (`SO_PEERCRED`, from the
@@ -11,19 +18,23 @@
 //! puts it into its CNI error), counted in `istio_cni_plugin_requests_total{response_code}` and logged at most once
 //! per reason and [`daemon::throttle::LOG_INTERVAL`], since a peer can repeat it at will.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context as _;
-use cni::plugin_event::{CmdAdd, CMDADD_PATH, INVALID_POD_STATUS};
+use cni::plugin_event::{
+    CmdAdd, PodSetup, PodSetupAnswer, CMDADD_PATH, INVALID_POD_STATUS, PODSETUP_PATH, UNKNOWN_POD_STATUS,
+};
 use daemon::drain::DrainWatcher;
-use daemon::http::{self, reply, Body, TEXT};
+use daemon::http::{self, reply, Body, JSON, TEXT};
 use daemon::listener::PeerCredentials;
 use daemon::throttle::Throttle;
 use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};
+use istio_contract::enablement::{never_enrolled, PodFacts, Selectors};
 use istio_contract::paths::PLUGIN_EVENT_SOCKET;
+use istio_contract::pod::PodInfo;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use netns::{Netns, NetnsError};
@@ -32,6 +43,7 @@ use crate::config::Config;
 use crate::enroll::{EnrollError, Enroller};
 use crate::metrics::{Metrics, ResponseCode};
 use crate::plugin_socket;
+use crate::pod_lookup::{PodLookup, WAIT};
 
 /// Largest event body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -112,9 +124,9 @@ enum Refusal {
         "refused: the peer runs as uid {0}; only root (the container runtime running the CNI plugin) may post events"
     )]
     NotRoot(u32),
-    /// Anything but `POST /cmdadd`.
-    #[error("refused: only POST {CMDADD_PATH} is served here")]
-    NotServed,
+    /// Anything but `POST /cmdadd` (ambient only) and `POST /podsetup`.
+    #[error("refused: {0} is not served here")]
+    NotServed(String),
     /// The body is not a bounded `CmdAdd`.
     #[error("refused: {0}")]
     Malformed(String),
@@ -154,7 +166,7 @@ enum Refusal {
 impl Refusal {
     fn status(&self) -> StatusCode {
         match self {
-            Refusal::NotServed => StatusCode::NOT_FOUND,
+            Refusal::NotServed(_) => StatusCode::NOT_FOUND,
             Refusal::Malformed(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::FORBIDDEN,
         }
@@ -165,7 +177,7 @@ impl Refusal {
         match self {
             Refusal::NoPeer => "no_peer_credentials",
             Refusal::NotRoot(_) => "peer_not_root",
-            Refusal::NotServed => "not_served",
+            Refusal::NotServed(_) => "not_served",
             Refusal::Malformed(_) => "malformed",
             Refusal::NotNetns(_) => "not_a_netns",
             Refusal::NodeNetns { .. } => "node_netns",
@@ -178,6 +190,8 @@ impl Refusal {
 /// How an event can end other than enrolled.
 #[derive(Debug)]
 enum EventError {
+    /// `/podsetup` for a pod the watch has not delivered in time (404): the plugin asks the API.
+    UnknownPod(String),
     /// Refused before anything was programmed (4xx).
     Refused(Refusal),
     /// Could not be enrolled (500): the API server, a vanished netns.
@@ -198,9 +212,26 @@ fn enroll_status(e: &EnrollError) -> StatusCode {
     }
 }
 
+/// What the agent decides ambient enrollment with (ambient enabled only): the same selectors and exclusions as
+/// its watch.
+#[derive(Clone)]
+pub struct Ambient {
+    /// Enrolls the pods.
+    pub enroller: Arc<Enroller>,
+    /// `AMBIENT_ENABLEMENT_SELECTOR`.
+    pub selectors: Selectors,
+    /// `EXCLUDE_NAMESPACES`.
+    pub excluded: Vec<String>,
+}
+
+/// The plugin's contract: an unknown pod sends it to the API.
+const UNKNOWN_POD: StatusCode = StatusCode::NOT_FOUND;
+const _: () = assert!(UNKNOWN_POD.as_u16() == UNKNOWN_POD_STATUS, "the plugin's contract");
+
 /// Everything a request needs, shared by every connection.
 struct EventServer {
-    enroller: Arc<Enroller>,
+    ambient: Option<Ambient>,
+    lookup: PodLookup,
     client: kube::Client,
     metrics: Metrics,
     checks: EventChecks,
@@ -208,17 +239,26 @@ struct EventServer {
     refusals: Mutex<HashMap<&'static str, Throttle>>,
 }
 
+/// What a request asks for.
+enum Asked {
+    /// Istio's `/cmdadd`.
+    CmdAdd(CmdAdd),
+    /// Our plugin's `/podsetup`.
+    PodSetup(PodSetup),
+}
+
 /// Serves plugin events until the drain starts; on a graceful drain, an enrollment in progress finishes and is
-/// answered.
+/// answered. Without `ambient` only `/podsetup` is served, and it answers every pod for the sidecar path.
 pub async fn serve(
     listener: tokio::net::UnixListener,
-    enroller: Arc<Enroller>,
+    ambient: Option<Ambient>,
+    lookup: PodLookup,
     client: kube::Client,
     metrics: Metrics,
     checks: EventChecks,
     drain: DrainWatcher,
 ) {
-    let server = Arc::new(EventServer { enroller, client, metrics, checks, refusals: Mutex::default() });
+    let server = Arc::new(EventServer { ambient, lookup, client, metrics, checks, refusals: Mutex::default() });
     let routes = move |req| {
         let server = server.clone();
         async move { server.handle(req).await }
@@ -232,46 +272,123 @@ pub async fn serve(
 impl EventServer {
     async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
         let peer = req.extensions().get::<PeerCredentials>().copied();
-        let (status, body) = match self.answer(req, peer).await {
-            Ok(()) => (StatusCode::OK, String::new()),
-            Err(EventError::Failed(reason)) => (StatusCode::INTERNAL_SERVER_ERROR, reason),
-            Err(EventError::Enroll(e)) => (enroll_status(&e), e.to_string()),
+        let (status, content_type, body) = match self.answer(req, peer).await {
+            Ok(None) => (StatusCode::OK, TEXT, String::new()),
+            Ok(Some(answer)) => match serde_json::to_string(&answer) {
+                Ok(json) => (StatusCode::OK, JSON, json),
+                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, format!("encoding the answer: {e}")),
+            },
+            Err(EventError::UnknownPod(reason)) => (UNKNOWN_POD, TEXT, reason),
+            Err(EventError::Failed(reason)) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, reason),
+            Err(EventError::Enroll(e)) => (enroll_status(&e), TEXT, e.to_string()),
             Err(EventError::Refused(refusal)) => {
                 self.log_refusal(&refusal, peer);
-                (refusal.status(), refusal.to_string())
+                (refusal.status(), TEXT, refusal.to_string())
             }
         };
         self.metrics.plugin_requests.get_or_create(&ResponseCode { response_code: status.as_u16().to_string() }).inc();
-        reply(status, TEXT, body)
+        reply(status, content_type, body)
     }
 
-    /// Checks who asks and what, then enrolls; the body is read only for a root peer.
+    /// Checks who asks and what, then answers; the body is read only for a root peer. `None` answers `/cmdadd`
+    /// (an empty 200).
     async fn answer(
         &self,
         req: Request<hyper::body::Incoming>,
         peer: Option<PeerCredentials>,
-    ) -> Result<(), EventError> {
+    ) -> Result<Option<PodSetupAnswer>, EventError> {
+        let answer_by = std::time::Instant::now() + cni::plugin_event::AGENT_ANSWER_DEADLINE;
         match peer {
             None => return Err(EventError::Refused(Refusal::NoPeer)),
             Some(peer) if peer.uid != ROOT => return Err(EventError::Refused(Refusal::NotRoot(peer.uid))),
             Some(_) => {}
         }
-        if req.method() != Method::POST || req.uri().path() != CMDADD_PATH {
-            return Err(EventError::Refused(Refusal::NotServed));
+        let path = req.uri().path().to_owned();
+        let request = match (req.method(), path.as_str()) {
+            (&Method::POST, CMDADD_PATH) if self.ambient.is_some() => Asked::CmdAdd(read_json(req).await?),
+            (&Method::POST, PODSETUP_PATH) => Asked::PodSetup(read_json(req).await?),
+            (method, _) => return Err(EventError::Refused(Refusal::NotServed(format!("{method} {path}")))),
+        };
+        match request {
+            Asked::CmdAdd(event) => {
+                let pod = match self.lookup.pod(&event.pod_namespace, &event.pod_name, event.pod_uid.as_deref()).await {
+                    Some(pod) => pod,
+                    None => Arc::new(self.get(&event).await?),
+                };
+                self.checks.check_pod(&pod, &event).map_err(EventError::Refused)?;
+                self.enroll(&pod, &event, answer_by).await.map(|()| None)
+            }
+            Asked::PodSetup(setup) => self.pod_setup(setup, answer_by).await.map(Some),
         }
-        let event = read_event(req).await.map_err(|e| EventError::Refused(Refusal::Malformed(e)))?;
+    }
+
+    /// `/podsetup`: the pod from the watch (or 404), checked as an event's, then enrolled if it is ambient.
+    async fn pod_setup(&self, setup: PodSetup, answer_by: std::time::Instant) -> Result<PodSetupAnswer, EventError> {
+        let event = &setup.event;
+        let name = format!("{}/{}", event.pod_namespace, event.pod_name);
+        let Some(pod) = self.lookup.pod(&event.pod_namespace, &event.pod_name, event.pod_uid.as_deref()).await else {
+            return Err(EventError::UnknownPod(format!(
+                "pod {name} (UID {:?}) not seen by the node agent's watch within {WAIT:?}",
+                event.pod_uid.as_deref().unwrap_or("any")
+            )));
+        };
+        self.checks.check_pod(&pod, event).map_err(EventError::Refused)?;
+        let ambient = match &self.ambient {
+            Some(ambient) if setup.ambient_enabled => self.is_ambient(ambient, &pod)?,
+            _ => false,
+        };
+        if ambient {
+            self.enroll(&pod, event, answer_by).await?;
+            return Ok(PodSetupAnswer::Enrolled);
+        }
+        Ok(PodSetupAnswer::Sidecar { pod: PodInfo::from(&*pod) })
+    }
+
+    /// The agent's enablement rule on `pod`, the namespace's labels from the namespace watch when the selectors
+    /// need them; a namespace the watch has not delivered is a 404 like an unknown pod (the plugin asks the API).
+    fn is_ambient(&self, ambient: &Ambient, pod: &Pod) -> Result<bool, EventError> {
+        let empty = BTreeMap::new();
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let facts = PodFacts {
+            namespace,
+            labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
+            annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+            host_network: pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false),
+        };
+        if never_enrolled(&facts, &ambient.excluded) {
+            return Ok(false);
+        }
+        if let Some(answer) = ambient.selectors.decide_without_namespace(facts.labels) {
+            return Ok(answer);
+        }
+        let labels = self.lookup.namespace_labels(namespace).ok_or_else(|| {
+            EventError::UnknownPod(format!("namespace {namespace} not seen by the node agent's namespace watch"))
+        })?;
+        Ok(ambient.selectors.matches(facts.labels, &labels))
+    }
+
+    /// GETs the event's pod: the watch did not deliver it in time.
+    async fn get(&self, event: &CmdAdd) -> Result<Pod, EventError> {
+        Api::<Pod>::namespaced(self.client.clone(), &event.pod_namespace)
+            .get(&event.pod_name)
+            .await
+            .map_err(|e| EventError::Failed(format!("get pod {}/{}: {e}", event.pod_namespace, event.pod_name)))
+    }
+
+    /// Checks the event's netns, then enrolls the (checked) pod, all or nothing, and undone if it ends after
+    /// `answer_by` (see [`Enroller::enroll_for_plugin`]).
+    async fn enroll(&self, pod: &Pod, event: &CmdAdd, answer_by: std::time::Instant) -> Result<(), EventError> {
+        let Some(ambient) = &self.ambient else {
+            return Err(EventError::Failed("ambient is not enabled on this node agent".into()));
+        };
         let checks = self.checks.clone();
         let path = event.netns.clone();
         // Opening a path and asking the kernel about it may block (a slow filesystem): not on an async worker.
         let netns = tokio::task::spawn_blocking(move || checks.open_netns(&path))
             .await
             .map_err(|e| EventError::Failed(format!("open netns: {e}")))??;
-        let pod = Api::<Pod>::namespaced(self.client.clone(), &event.pod_namespace)
-            .get(&event.pod_name)
-            .await
-            .map_err(|e| EventError::Failed(format!("get pod {}/{}: {e}", event.pod_namespace, event.pod_name)))?;
-        self.checks.check_pod(&pod, &event).map_err(EventError::Refused)?;
-        self.enroller.enroll(&pod, netns, event.addresses()).await.map_err(EventError::Enroll)
+        let enrolled = ambient.enroller.enroll_for_plugin(pod, netns, event.addresses(), answer_by).await;
+        enrolled.map_err(EventError::Enroll)
     }
 
     fn log_refusal(&self, refusal: &Refusal, peer: Option<PeerCredentials>) {
@@ -288,8 +405,9 @@ impl EventServer {
     }
 }
 
-async fn read_event(req: Request<hyper::body::Incoming>) -> Result<CmdAdd, String> {
+async fn read_json<T: serde::de::DeserializeOwned>(req: Request<hyper::body::Incoming>) -> Result<T, EventError> {
+    let malformed = |e: String| EventError::Refused(Refusal::Malformed(e));
     let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
-    let bytes = limited.collect().await.map_err(|e| format!("reading event: {e}"))?.to_bytes();
-    serde_json::from_slice(&bytes).map_err(|e| format!("invalid event: {e}"))
+    let bytes = limited.collect().await.map_err(|e| malformed(format!("reading event: {e}")))?.to_bytes();
+    serde_json::from_slice(&bytes).map_err(|e| malformed(format!("invalid event: {e}")))
 }

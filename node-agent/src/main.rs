@@ -10,6 +10,7 @@ mod node_pods;
 mod plugin_logs;
 mod plugin_socket;
 mod pod_gate;
+mod pod_lookup;
 mod repair;
 mod watch;
 
@@ -28,6 +29,7 @@ use crate::config::Config;
 use crate::enroll::Enroller;
 use crate::metrics::Metrics;
 use crate::node_pods::NodePods;
+use crate::pod_lookup::PodLookup;
 
 fn main() -> ExitCode {
     daemon::lifecycle::main(run)
@@ -60,11 +62,30 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         tokio::spawn(repair);
     }
     let enrollment = config.ambient_enabled.then(|| pods.subscribe());
+    // The plugin's pod source, in every mode: its ADD asks the agent instead of the API.
+    let pod_store = pods.lookups();
     tokio::spawn(pods.run());
+    let host_netns = match &config.host_netns {
+        Some(path) => netns::Netns::open(path).with_context(|| format!("HOST_NETNS {}", path.display()))?,
+        None => netns::Netns::current()?,
+    };
+    let event_checks = event_server::EventChecks::new(&config, &host_netns).context("plugin event checks")?;
     let (Some(backend), Some(pod_events)) = (backend.filter(|_| config.ambient_enabled), enrollment) else {
-        // Sidecar-only installs run the agent for the repair controller alone: no ambient rules, host probe or
-        // sockets.
-        tracing::info!("ambient disabled: only the repair controller runs");
+        // Sidecar-only installs run the agent for the repair controller and as the plugin's pod source: no ambient
+        // rules, host probe or ZDS socket.
+        tracing::info!("ambient disabled: the repair controller runs, and the plugin's pod lookups are served");
+        match event_server::bind(&config.cni_agent_run_dir) {
+            Ok((listener, socket)) => {
+                tracing::info!(socket = %socket.display(), "serving the plugin's pod lookups");
+                let lookup = PodLookup::new(pod_store, None, metrics.clone());
+                tokio::spawn(event_server::serve(listener, None, lookup, client, metrics, event_checks, drain.clone()));
+            }
+            // Only a fast path: the plugin looks pods up in the API when the socket is missing.
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot serve the plugin's pod lookups; the plugin asks the API")
+            }
+        }
+        drop(drain);
         startup.clear();
         let sig = shutdown.await;
         tracing::info!(signal = ?sig, "shutting down");
@@ -87,11 +108,6 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         tracing::info!(uid, "host probe rule matches the kubelet's uid");
         probe_config.kubelet_uid = uid;
     }
-    let host_netns = match &config.host_netns {
-        Some(path) => netns::Netns::open(path).with_context(|| format!("HOST_NETNS {}", path.display()))?,
-        None => netns::Netns::current()?,
-    };
-    let event_checks = event_server::EventChecks::new(&config, &host_netns).context("plugin event checks")?;
     let hostprobe = tokio::task::spawn_blocking(move || HostProbe::ensure(host_netns, backend, probe_config))
         .await
         .context("host probe task")?
@@ -105,9 +121,10 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
 
     // Caches first, then the pods enrolled before a restart, and only then the proxy and the plugin.
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
+    let (namespaces, namespace_writer) = kube::runtime::reflector::store();
+    let sources = watch::Sources { pods: pod_events, client: client.clone(), namespace_store: namespace_writer };
     tokio::spawn(watch::run(
-        pod_events,
-        client.clone(),
+        sources,
         config.clone(),
         selectors,
         enroller.clone(),
@@ -126,7 +143,17 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let logs = plugin_logs::bind(&config.cni_agent_run_dir).context("plugin log socket")?;
     tokio::spawn(plugin_logs::serve(logs, drain.clone()));
     tracing::info!(socket = %socket.display(), "serving plugin events");
-    tokio::spawn(event_server::serve(listener, enroller, client, metrics.clone(), event_checks, drain.clone()));
+    let ambient = event_server::Ambient { enroller, selectors: config.selectors()?, excluded: config.excluded() };
+    let lookup = PodLookup::new(pod_store, Some(namespaces), metrics.clone());
+    tokio::spawn(event_server::serve(
+        listener,
+        Some(ambient),
+        lookup,
+        client,
+        metrics.clone(),
+        event_checks,
+        drain.clone(),
+    ));
     drop(drain);
     startup.clear();
 

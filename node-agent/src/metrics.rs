@@ -38,11 +38,29 @@ pub struct RepairType {
     pub result: String,
 }
 
+/// Where the pod at a plugin request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupSource {
+    /// The agent's watch-fed store: no API request.
+    Agent,
+    /// Not in the store in time: the API (the agent's GET, or the plugin's own after a 404).
+    Api,
+}
+
+/// Label of the pod lookup counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Source {
+    /// `agent` or `api`.
+    pub source: &'static str,
+}
+
 /// Everything operators watch on the agent.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     /// Plugin requests by response code.
     pub plugin_requests: Family<ResponseCode, Counter>,
+    /// Pod lookups for plugin requests, by where the pod came from.
+    pub pod_lookups: Family<Source, Counter>,
     /// Watch events handled, by type.
     pub reconcile_events: Family<EventType, Counter>,
     /// Proxy connections on the ZDS socket.
@@ -62,6 +80,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
             plugin_requests: Family::default(),
+            pod_lookups: Family::default(),
             reconcile_events: Family::default(),
             ztunnel_connected: Gauge::default(),
             enrolled_pods: Gauge::default(),
@@ -73,6 +92,11 @@ impl Metrics {
             "istio_cni_plugin_requests",
             "CNI plugin requests by response code",
             m.plugin_requests.clone(),
+        );
+        registry.register(
+            "istio_cni_plugin_pod_lookups",
+            "Pods looked up for plugin requests, by source: agent (its watch, no API request) or api",
+            m.pod_lookups.clone(),
         );
         registry.register("nodeagent_reconcile_events", "Pod and namespace events handled", m.reconcile_events.clone());
         registry.register("ztunnel_connected", "Node proxy connections on the ZDS socket", m.ztunnel_connected.clone());
@@ -94,6 +118,15 @@ impl Metrics {
             m.pods_repaired.clone(),
         );
         m
+    }
+
+    /// Counts one pod lookup for a plugin request.
+    pub fn pod_lookups(&self, source: LookupSource) {
+        let source = match source {
+            LookupSource::Agent => "agent",
+            LookupSource::Api => "api",
+        };
+        self.pod_lookups.get_or_create(&Source { source }).inc();
     }
 
     /// Observes one phase's duration.

@@ -11,7 +11,7 @@ use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// One event of the shared watch, as every consumer receives it (shared, not copied per consumer).
 pub type PodEvent = Arc<Event<Pod>>;
@@ -44,6 +44,16 @@ impl PodEvents {
     }
 }
 
+/// The store of this node's pods, for lookups that wait for a pod the watch has not delivered yet: the store and a
+/// counter bumped after every event the store has applied.
+#[derive(Debug, Clone)]
+pub struct PodStore {
+    /// Every pod on this node as of the newest event applied.
+    pub store: Store<Pod>,
+    /// Changes after each applied event (its value counts them).
+    pub applied: watch::Receiver<u64>,
+}
+
 /// The watch of this node's pods, before it runs: consumers [`subscribe`](NodePods::subscribe) first, so none
 /// misses the initial list, then [`run`](NodePods::run) drives it.
 #[derive(Debug)]
@@ -53,13 +63,24 @@ pub struct NodePods {
     store: Store<Pod>,
     writer: Writer<Pod>,
     consumers: Vec<mpsc::UnboundedSender<PodEvent>>,
+    applied: watch::Sender<u64>,
+    /// Whether anything looks pods up in the store (see [`NodePods::lookups`]).
+    looked_up: bool,
 }
 
 impl NodePods {
     /// The pods of node `node`, through `client`; nothing is requested until [`NodePods::run`].
     pub fn new(client: Client, node: &str) -> Self {
         let (store, writer) = reflector::store();
-        Self { api: Api::all(client), node: node.to_string(), store, writer, consumers: Vec::new() }
+        let (applied, _) = watch::channel(0);
+        let node = node.to_string();
+        Self { api: Api::all(client), node, store, writer, consumers: Vec::new(), applied, looked_up: false }
+    }
+
+    /// The store for lookups (the plugin's pod setup): the pods are watched even when no consumer subscribes.
+    pub fn lookups(&mut self) -> PodStore {
+        self.looked_up = true;
+        PodStore { store: self.store.clone(), applied: self.applied.subscribe() }
     }
 
     /// A new consumer, which receives every event of the watch.
@@ -69,11 +90,12 @@ impl NodePods {
         PodEvents { rx, store: self.store.clone() }
     }
 
-    /// Watches until every consumer is gone (never, in the agent). Without consumers no watch is opened at all.
-    /// Watch errors are logged here once, and the watcher retries with back-off.
+    /// Watches until every consumer is gone (never, in the agent). Without consumers or lookups no watch is opened
+    /// at all. Watch errors are logged here once, and the watcher retries with back-off.
     pub async fn run(self) {
         let mut consumers = self.consumers;
-        if consumers.is_empty() {
+        let looked_up = self.looked_up;
+        if consumers.is_empty() && !looked_up {
             tracing::debug!("nothing consumes this node's pods: not watching them");
             return;
         }
@@ -85,9 +107,11 @@ impl NodePods {
         while let Some(event) = events.next().await {
             match event {
                 Ok(event) => {
+                    // The reflector has applied the event to the store by now.
+                    self.applied.send_modify(|n| *n += 1);
                     let event = Arc::new(event);
                     consumers.retain(|tx| tx.send(event.clone()).is_ok());
-                    if consumers.is_empty() {
+                    if consumers.is_empty() && !looked_up {
                         return;
                     }
                 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{store::Writer, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client};
@@ -45,12 +45,20 @@ enum Change {
     Retry(String),
 }
 
+/// What enrollment follows.
+pub struct Sources {
+    /// This node's pod events, from the shared watch (see [`crate::node_pods::NodePods`]).
+    pub pods: PodEvents,
+    /// The client the namespaces are watched through, here.
+    pub client: Client,
+    /// Where the namespace watch keeps every namespace: the plugin's pod lookups read it.
+    pub namespace_store: Writer<Namespace>,
+}
+
 /// Reconciles until the streams end; `synced` fires once both caches are complete and the pods that were
-/// enrolled before a restart are back in the cache. `pods` are this node's pod events, from the shared watch
-/// (see [`crate::node_pods::NodePods`]); namespaces are watched here.
+/// enrolled before a restart are back in the cache.
 pub async fn run(
-    pods: PodEvents,
-    client: Client,
+    Sources { pods, client, namespace_store }: Sources,
     config: Config,
     selectors: Selectors,
     enroller: Arc<Enroller>,
@@ -63,6 +71,7 @@ pub async fn run(
     // flood the log and the API server. kube's default: 0.8 s doubling to 30 s, reset by the next event.
     let namespaces = watcher::watcher(Api::<Namespace>::all(client), watcher::Config::default())
         .default_backoff()
+        .reflect(namespace_store)
         .map(|e| e.map(|e| Change::Namespace(Box::new(e))));
     let (retry_tx, retry_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let retries = tokio_stream_from(retry_rx).map(|uid| Ok(Change::Retry(uid)));

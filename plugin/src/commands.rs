@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use cni::plugin_event::CmdAdd;
+use cni::plugin_event::{CmdAdd, PodSetupAnswer};
 use cni::{CniError, Command, ErrorCode, Invocation, Version, SUPPORTED_VERSIONS};
 use netns::Netns;
 use redirect::backend::Backend;
@@ -15,6 +15,7 @@ use crate::k8s::{self, ApiServer};
 use istio_contract::pod::PodInfo;
 use istio_contract::sidecar::{self, Decision};
 
+use crate::agent::{self, SetupError};
 use crate::{ambient, logging};
 
 /// Name prefix of the istio-cni DaemonSet's pods, which must never wait on themselves.
@@ -121,19 +122,34 @@ fn add(
     }
     let netns = Netns::open(&inv.netns)
         .map_err(|e| CniError::new(ErrorCode::InvalidEnv, format!("CNI_NETNS {:?} is not usable: {e}", inv.netns)))?;
+    let event = CmdAdd {
+        netns: inv.netns.clone(),
+        pod_name: name.to_string(),
+        pod_namespace: namespace.to_string(),
+        ips: result["ips"].as_array().cloned().unwrap_or_default(),
+        pod_uid: inv.args.pod_uid().map(String::from),
+    };
+    // The fast path: one round trip to the node agent, which answers from its watch of the node's pods.
+    match agent::pod_setup(&conf.run_dir(), &event, conf.ambient_enabled) {
+        Ok(PodSetupAnswer::Enrolled) => {
+            tracing::info!("ambient pod enrolled by the node agent");
+            return Ok(out);
+        }
+        Ok(PodSetupAnswer::Sidecar { pod }) => {
+            redirect_sidecar(&netns, &pod, &result, conf, env)?;
+            return Ok(out);
+        }
+        Err(SetupError::Failed(e)) => return Err(e),
+        Err(SetupError::Fallback(reason)) => {
+            tracing::warn!(%reason, "the node agent cannot answer for the pod: looking it up in the API server");
+        }
+    }
     let (attempts, interval) = conf.pod_lookup();
     let try_again = |e: k8s::LookupError| CniError::new(ErrorCode::TryAgainLater, e.to_string());
     let api = ApiServer::connect(&conf.kubeconfig(), attempts, interval).map_err(try_again)?;
     let pod = api.pod(namespace, name).map_err(try_again)?;
     if conf.ambient_enabled && ambient::is_ambient(conf, &api, &pod)? {
-        let event = CmdAdd {
-            netns: inv.netns.clone(),
-            pod_name: name.to_string(),
-            pod_namespace: namespace.to_string(),
-            ips: result["ips"].as_array().cloned().unwrap_or_default(),
-            pod_uid: inv.args.pod_uid().map(String::from),
-        };
-        ambient::hand_over(&conf.run_dir(), &event)?;
+        agent::hand_over(&conf.run_dir(), &event)?;
         tracing::info!("ambient pod enrolled by the node agent");
         return Ok(out);
     }

@@ -2,6 +2,7 @@
 //!
 //! stdout carries exactly one thing: the result, or a CNI error JSON. Panics are caught and reported the same way.
 
+mod agent;
 mod ambient;
 mod commands;
 mod k8s;
