@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use hbone::MeshCa;
 use istio_contract::ports;
+use istio_contract::telemetry::{self, label};
 use serde_json::json;
 use tempfile::TempDir;
 use testbed::mesh::RuleBackend;
@@ -122,9 +123,11 @@ impl Pods {
     fn hbone_opened(&self) -> f64 {
         let netns = self.nodes[0].cluster.node.netns().path();
         let (_, body) = testbed::http::get(&netns, ports::STATS, "/metrics").expect("proxy metrics");
+        let name = format!("{}_total{{", telemetry::TCP_CONNECTIONS_OPENED);
+        let reporter = format!("{}=\"{}\"", label::REPORTER, telemetry::REPORTER_SOURCE);
+        let mtls = format!("{}=\"{}\"", label::CONNECTION_SECURITY_POLICY, telemetry::SECURITY_POLICY_MUTUAL_TLS);
         body.lines()
-            .filter(|l| l.starts_with("istio_tcp_connections_opened_total{"))
-            .filter(|l| l.contains("direction=\"outbound\"") && l.contains("protocol=\"HBONE\""))
+            .filter(|l| l.starts_with(&name) && l.contains(&reporter) && l.contains(&mtls))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }

@@ -34,6 +34,10 @@ pub struct Config {
     /// The mesh trust domain: local identities are minted in it and peers must belong to it.
     #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
     pub trust_domain: String,
+    /// The cluster this node belongs to, as ztunnel's `CLUSTER_ID`: the `source_cluster` and `destination_cluster` of
+    /// the traffic metrics for workloads listed without a cluster of their own.
+    #[arg(long, env = "CLUSTER_ID", default_value = istio_contract::telemetry::DEFAULT_CLUSTER_ID)]
+    pub cluster_id: String,
     /// A mesh CA in Istio's `cacerts` layout; without it a self-signed CA is kept in `STATE_DIR`.
     #[arg(long, env = "CA_DIR")]
     pub ca_dir: Option<PathBuf>,
@@ -131,6 +135,7 @@ mod tests {
         let config = parse(&[]).unwrap();
         assert_eq!((config.common.readiness_port, config.common.monitoring_port), (ports::READINESS, ports::STATS));
         assert_eq!(config.admin_port, ports::ADMIN);
+        assert_eq!(config.cluster_id, "Kubernetes", "ztunnel's default cluster id");
         assert_eq!(config.common.termination_deadline, Duration::from_secs(5));
         assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
         assert_eq!(config.hbone_server_idle_timeout, hbone::server::DEFAULT_IDLE_TIMEOUT);

@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use hbone::{ConnectHandler, Ended, InboundRequest, InboundTls, OverCap, ServeError, ServeOptions, TlsError, Transfer};
 use http::StatusCode;
-use istio_contract::ports;
+use istio_contract::{ports, telemetry};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::config::MtlsMode;
 use crate::context::PodContext;
 use crate::metrics::{Direction, HboneLimitLabels};
+use crate::traffic::{Peer, TrafficLabels};
 use crate::{refusal, sockets};
 
 /// Connects HBONE tunnels to the pod's apps.
@@ -22,23 +23,34 @@ struct ToApp {
     pod: Arc<PodContext>,
 }
 
+impl ToApp {
+    /// The traffic labels of a tunnel: the client as its certificate proves it (and the directory lists it),
+    /// this pod as the server. Derived again when the tunnel ends, from the same request.
+    fn labels(&self, req: &InboundRequest) -> TrafficLabels {
+        let client = Peer::verified_client(&self.pod, req.peer.ip(), &req.peer_identity);
+        TrafficLabels::inbound(client, Peer::local(&self.pod), true)
+    }
+}
+
 impl ConnectHandler for ToApp {
     type Target = TcpStream;
 
     fn connect(&self, req: &InboundRequest) -> impl std::future::Future<Output = Result<TcpStream, StatusCode>> + Send {
         let (pod, authority, source) = (self.pod.clone(), req.authority, req.peer.ip());
+        let labels = self.labels(req);
         async move {
-            pod.mesh.metrics.opened(Direction::Inbound, "HBONE");
+            pod.mesh.metrics.opened(&labels);
             sockets::connect_in(&pod.netns, authority, Some(source)).await.map_err(|error| {
                 tracing::info!(uid = %pod.uid, %authority, %source, %error, "HBONE target unreachable");
-                pod.mesh.metrics.closed(Direction::Inbound, "HBONE", 0, 0);
+                pod.mesh.metrics.closed(&labels, telemetry::RESPONSE_FLAG_CONNECTION_FAILURE, 0, 0);
                 StatusCode::SERVICE_UNAVAILABLE
             })
         }
     }
 
     fn finished(&self, req: &InboundRequest, transfer: Transfer) {
-        self.pod.mesh.metrics.closed(Direction::Inbound, "HBONE", transfer.to_target, transfer.from_target);
+        let labels = self.labels(req);
+        self.pod.mesh.metrics.closed(&labels, telemetry::RESPONSE_FLAGS_NONE, transfer.to_target, transfer.from_target);
         let error = transfer.error.map(|e| e.to_string()).unwrap_or_default();
         tracing::info!(
             target: "access",
@@ -154,13 +166,17 @@ pub async fn plaintext(pod: Arc<PodContext>, client: TcpStream, peer: SocketAddr
         Err("plaintext refused: MTLS_MODE=STRICT".to_owned())
     } else {
         let metrics = &pod.mesh.metrics;
-        metrics.opened(Direction::Inbound, "TCP");
-        let result = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
-            Ok(mut app) => tokio::io::copy_bidirectional(&mut client, &mut app).await.map_err(|e| e.to_string()),
-            Err(e) => Err(format!("connecting to {dst}: {e}")),
+        let labels = TrafficLabels::inbound(Peer::plaintext_client(&pod, peer.ip()), Peer::local(&pod), false);
+        metrics.opened(&labels);
+        let (result, flag) = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
+            Ok(mut app) => (
+                tokio::io::copy_bidirectional(&mut client, &mut app).await.map_err(|e| e.to_string()),
+                telemetry::RESPONSE_FLAGS_NONE,
+            ),
+            Err(e) => (Err(format!("connecting to {dst}: {e}")), telemetry::RESPONSE_FLAG_CONNECTION_FAILURE),
         };
         let (received, sent) = result.as_ref().copied().unwrap_or((0, 0));
-        metrics.closed(Direction::Inbound, "TCP", received, sent);
+        metrics.closed(&labels, flag, received, sent);
         result
     };
     let (received, sent) = result.as_ref().copied().unwrap_or((0, 0));

@@ -13,6 +13,7 @@ mod pod;
 mod ratelimit;
 mod refusal;
 mod sockets;
+mod traffic;
 mod workloads;
 
 use std::path::Path;
@@ -66,6 +67,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         directory,
         dns,
         metrics,
+        cluster_id: config.cluster_id.clone(),
         drain: ctx.drain.clone(),
         termination_deadline: deadline,
         mtls_mode: config.mtls_mode,

@@ -26,6 +26,8 @@ pub struct Mesh {
     pub dns: Upstreams,
     /// Connection and proxy counters.
     pub metrics: Metrics,
+    /// The cluster this node belongs to (`CLUSTER_ID`): the metrics' cluster of workloads listed without one.
+    pub cluster_id: String,
     /// Every pod and every connection holds the mesh (through its pod), so this watcher lives until the last
     /// of them is gone: that is when `main`'s drain completes.
     pub drain: DrainWatcher,

@@ -1,5 +1,6 @@
 //! The proxy's Prometheus metrics, named as Istio's so existing dashboards read them.
 
+use istio_contract::telemetry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -7,7 +8,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Which way a connection went, seen from the pod the proxy serves.
+use crate::traffic::TrafficLabels;
+
+/// Which way a captured connection went, seen from the pod the proxy serves (the refusal counter's label; the
+/// traffic counters say it as ztunnel does, with `reporter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Direction {
     /// The pod is the client.
@@ -24,15 +28,6 @@ impl Direction {
             Direction::Inbound => "inbound",
         }
     }
-}
-
-/// Labels of the per-connection counters.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ConnectionLabels {
-    /// `outbound` or `inbound`.
-    pub direction: String,
-    /// `HBONE` or `TCP`: how the connection crossed the network.
-    pub protocol: String,
 }
 
 /// Why a captured connection was refused before anything was connected for it.
@@ -161,14 +156,14 @@ impl HboneLimitMetrics {
 /// Every metric the proxy exports.
 #[derive(Debug)]
 pub struct Metrics {
-    /// Bytes sent to the client side of a connection (Istio's `istio_tcp_sent_bytes`).
-    pub sent_bytes: Family<ConnectionLabels, Counter>,
-    /// Bytes received from the client side of a connection (Istio's `istio_tcp_received_bytes`).
-    pub received_bytes: Family<ConnectionLabels, Counter>,
-    /// Connections opened.
-    pub connections_opened: Family<ConnectionLabels, Counter>,
-    /// Connections closed.
-    pub connections_closed: Family<ConnectionLabels, Counter>,
+    /// Bytes sent to the client side of a connection (ztunnel's `istio_tcp_sent_bytes`), with ztunnel's labels.
+    pub sent_bytes: Family<TrafficLabels, Counter>,
+    /// Bytes received from the client side of a connection (ztunnel's `istio_tcp_received_bytes`).
+    pub received_bytes: Family<TrafficLabels, Counter>,
+    /// Connections opened (ztunnel's `istio_tcp_connections_opened`).
+    pub connections_opened: Family<TrafficLabels, Counter>,
+    /// Connections closed (ztunnel's `istio_tcp_connections_closed`), with the flag of how they ended.
+    pub connections_closed: Family<TrafficLabels, Counter>,
     /// Captured connections refused at once (self-calls, connections nothing redirected, plaintext inbound to an
     /// address that is not the pod's).
     pub connections_refused: Family<RefusalLabels, Counter>,
@@ -206,14 +201,14 @@ impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics::default();
-        registry.register("istio_tcp_sent_bytes", "Bytes sent to the client of a connection", m.sent_bytes.clone());
+        registry.register(telemetry::TCP_SENT_BYTES, "Bytes sent to the client of a connection", m.sent_bytes.clone());
         registry.register(
-            "istio_tcp_received_bytes",
+            telemetry::TCP_RECEIVED_BYTES,
             "Bytes received from the client of a connection",
             m.received_bytes.clone(),
         );
-        registry.register("istio_tcp_connections_opened", "Connections opened", m.connections_opened.clone());
-        registry.register("istio_tcp_connections_closed", "Connections closed", m.connections_closed.clone());
+        registry.register(telemetry::TCP_CONNECTIONS_OPENED, "Connections opened", m.connections_opened.clone());
+        registry.register(telemetry::TCP_CONNECTIONS_CLOSED, "Connections closed", m.connections_closed.clone());
         registry.register(
             "istio_tcp_connections_refused",
             "Captured connections refused at once (labels direction, reason)",
@@ -236,16 +231,17 @@ impl Metrics {
     }
 
     /// Counts a connection as opened.
-    pub fn opened(&self, direction: Direction, protocol: &str) {
-        self.connections_opened.get_or_create(&labels(direction, protocol)).inc();
+    pub fn opened(&self, labels: &TrafficLabels) {
+        self.connections_opened.get_or_create(labels).inc();
     }
 
-    /// Counts a connection as closed with its byte totals (`from_client`, `to_client`).
-    pub fn closed(&self, direction: Direction, protocol: &str, from_client: u64, to_client: u64) {
-        let labels = labels(direction, protocol);
-        self.received_bytes.get_or_create(&labels).inc_by(from_client);
-        self.sent_bytes.get_or_create(&labels).inc_by(to_client);
-        self.connections_closed.get_or_create(&labels).inc();
+    /// Counts the connection opened with `labels` as closed with its byte totals (`from_client`, `to_client`); as
+    /// ztunnel, the bytes keep the labels it opened with and the closed count carries `flag` (how it ended:
+    /// [`telemetry::RESPONSE_FLAGS_NONE`] or a flag).
+    pub fn closed(&self, labels: &TrafficLabels, flag: &'static str, from_client: u64, to_client: u64) {
+        self.received_bytes.get_or_create(labels).inc_by(from_client);
+        self.sent_bytes.get_or_create(labels).inc_by(to_client);
+        self.connections_closed.get_or_create(&labels.flagged(flag)).inc();
     }
 
     /// Counts a captured connection refused for `reason`.
@@ -253,8 +249,4 @@ impl Metrics {
         let labels = RefusalLabels { direction: direction.as_str().to_owned(), reason: reason.as_str().to_owned() };
         self.connections_refused.get_or_create(&labels).inc();
     }
-}
-
-fn labels(direction: Direction, protocol: &str) -> ConnectionLabels {
-    ConnectionLabels { direction: direction.as_str().to_owned(), protocol: protocol.to_owned() }
 }

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hbone::ConnectRequest;
-use istio_contract::ports;
+use istio_contract::{ports, telemetry};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::context::PodContext;
 use crate::directory::Protocol;
 use crate::metrics::Direction;
+use crate::traffic::{Peer, TrafficLabels};
 use crate::{refusal, sockets};
 
 /// Proxies one captured outbound connection until both sides are done.
@@ -24,11 +25,13 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
     };
     let _ = app.set_nodelay(true);
     let listed = pod.mesh.directory.lookup(dst.ip());
+    let destination_peer = listed.as_ref().map(|d| Peer::listed(d, &pod.mesh.cluster_id)).unwrap_or_default();
     if listed.as_ref().is_some_and(|d| d.workload.protocol != Protocol::Hbone && d.workload.require_mtls) {
         // Never in plaintext: the app's connection is reset instead of being passed through.
         sockets::reset(app);
-        pod.mesh.metrics.opened(Direction::Outbound, "TCP");
-        pod.mesh.metrics.closed(Direction::Outbound, "TCP", 0, 0);
+        let labels = TrafficLabels::outbound(Peer::local(&pod), destination_peer, false);
+        pod.mesh.metrics.opened(&labels);
+        pod.mesh.metrics.closed(&labels, telemetry::RESPONSE_FLAG_DENIED, 0, 0);
         tracing::info!(
             target: "access",
             direction = "outbound",
@@ -47,7 +50,8 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
         None => ("TCP", String::new()),
     };
     let metrics = &pod.mesh.metrics;
-    metrics.opened(Direction::Outbound, protocol);
+    let labels = TrafficLabels::outbound(Peer::local(&pod), destination_peer, destination.is_some());
+    metrics.opened(&labels);
     let result = match destination {
         Some(d) => {
             let request = ConnectRequest {
@@ -73,7 +77,7 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
         Ok((from_app, to_app)) => (from_app, to_app, None),
         Err((from_app, to_app, error)) => (from_app, to_app, Some(error)),
     };
-    metrics.closed(Direction::Outbound, protocol, from_app, to_app);
+    metrics.closed(&labels, telemetry::RESPONSE_FLAGS_NONE, from_app, to_app);
     tracing::info!(
         target: "access",
         direction = "outbound",

@@ -1,13 +1,15 @@
 //! The directory source for a cluster: every pod the node agent has enrolled (annotated
-//! `ambient.istio.io/redirection=enabled`) speaks HBONE, with the identity of its namespace and service account.
+//! `ambient.istio.io/redirection=enabled`) speaks HBONE, with the identity of its namespace and service account,
+//! and the workload name and canonical service Istio derives from the pod (for the traffic metrics' labels).
 //!
 //! All pods are watched cluster-wide, because a destination can run on any node. The watcher relists and
 //! retries with backoff when the API is away; entries stay as they were until it answers again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use futures::StreamExt as _;
+use istio_contract::canonical;
 use istio_contract::names::{AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
@@ -98,6 +100,9 @@ fn workload(pod: &Pod) -> Option<(String, Workload)> {
     }
     let spec = pod.spec.as_ref();
     let uid = meta.uid.clone().unwrap_or_default();
+    let workload_name = canonical::workload_name(meta);
+    let (canonical_name, canonical_revision) =
+        canonical::canonical_service(meta.labels.as_ref().unwrap_or(&BTreeMap::new()), &workload_name);
     let workload = Workload {
         uid: uid.clone(),
         name: meta.name.clone().unwrap_or_default(),
@@ -110,6 +115,11 @@ fn workload(pod: &Pod) -> Option<(String, Workload)> {
         workload_ips,
         protocol: Protocol::Hbone,
         node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        workload_name,
+        canonical_name,
+        canonical_revision,
+        // This cluster: the proxy's own.
+        cluster_id: String::new(),
         require_mtls: false,
     };
     Some((uid, workload))
@@ -158,6 +168,22 @@ mod tests {
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
+    }
+
+    #[test]
+    fn an_enrolled_pod_carries_istios_workload_and_canonical_names() {
+        let mut object = pod("web-7d4b9c-x2x9z", "10.9.3.1", Some("enabled"), None);
+        object["metadata"]["uid"] = json!("u-web");
+        object["metadata"]["generateName"] = json!("web-7d4b9c-");
+        object["metadata"]["labels"] = json!({ "pod-template-hash": "7d4b9c", "app": "shop", "version": "v2" });
+        object["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c", "uid": "rs-1", "controller": true,
+        }]);
+        let (uid, listed) = workload(&serde_json::from_value(object).unwrap()).expect("an enrolled pod");
+        assert_eq!(uid, "u-web");
+        let names = (listed.workload_name.as_str(), listed.canonical_name.as_str(), listed.canonical_revision.as_str());
+        assert_eq!(names, ("web", "shop", "v2"), "the Deployment's name; app and version labels");
+        assert_eq!(listed.cluster_id, "", "the proxy's own cluster");
     }
 
     #[tokio::test]

@@ -102,6 +102,10 @@ mod tests {
             workload_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
             protocol,
             node: "node-1".into(),
+            workload_name: "web".into(),
+            canonical_name: "web".into(),
+            canonical_revision: "latest".into(),
+            cluster_id: String::new(),
             require_mtls: false,
         }
     }

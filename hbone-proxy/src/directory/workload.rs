@@ -45,6 +45,19 @@ pub struct Workload {
     /// The node it runs on.
     #[serde(default)]
     pub node: String,
+    /// The workload it belongs to (a Deployment's name, say), as Istio derives it from the pod; shown in the
+    /// `*_workload` labels of the traffic metrics.
+    #[serde(default)]
+    pub workload_name: String,
+    /// Its canonical service (the `*_canonical_service` and `*_app` metric labels).
+    #[serde(default)]
+    pub canonical_name: String,
+    /// Its canonical revision (the `*_canonical_revision` and `*_version` metric labels).
+    #[serde(default)]
+    pub canonical_revision: String,
+    /// The cluster it runs in; the proxy's own (`CLUSTER_ID`) when absent.
+    #[serde(default)]
+    pub cluster_id: String,
     /// Our key, not ztunnel's: a destination that is not HBONE but must never be reached in plaintext. Outbound
     /// connections to it are refused rather than passed through.
     #[serde(default)]
@@ -68,4 +81,20 @@ pub fn parse_local_config(text: &str) -> Result<Vec<Workload>, serde_yaml::Error
         return Ok(Vec::new());
     }
     Ok(serde_yaml::from_str::<LocalConfig>(text)?.workloads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ztunnels_naming_keys_are_read_and_default_to_empty() {
+        let text = "workloads:\n- namespace: shop\n  workloadName: web\n  canonicalName: store\n  canonicalRevision: v3\n  clusterId: east\n- namespace: shop\n";
+        let listed = parse_local_config(text).unwrap();
+        let names = |w: &Workload| {
+            [&w.workload_name, &w.canonical_name, &w.canonical_revision, &w.cluster_id].map(|s| s.to_owned())
+        };
+        assert_eq!(names(&listed[0]), ["web", "store", "v3", "east"]);
+        assert_eq!(names(&listed[1]), ["", "", "", ""], "unknown unless listed");
+    }
 }
