@@ -209,11 +209,19 @@ fn host_paths(r: &Rendered) -> Vec<Value> {
     list(&r.pod_spec("istio-cni-node")["volumes"]).iter().map(|v| v["hostPath"]["path"].clone()).collect()
 }
 
+/// The node agent's mount of the run dir, where the plugin's socket is: in every mode, as the plugin's pod source.
+fn run_dir_mount() -> Value {
+    json!({ "name": "cni-run-dir", "mountPath": "/var/run/istio-cni" })
+}
+
 #[test]
-fn without_ambient_or_any_repair_mode_there_is_no_node_agent_and_no_host_proc() {
+fn without_ambient_or_any_repair_mode_the_node_agent_only_serves_pod_lookups_without_capabilities_or_host_proc() {
     for sets in [vec![NO_REPAIR_IN_PLACE.to_owned()], vec!["cni.repair.enabled=false".to_owned()]] {
         let (_, r) = render(&sets);
-        assert!(r.container("istio-cni-node", "node-agent").is_none(), "{sets:?}");
+        let c = r.container("istio-cni-node", "node-agent").expect("the node agent, the plugin's pod source");
+        assert_eq!(c["securityContext"]["capabilities"], json!({"drop": ["ALL"]}), "{sets:?}");
+        assert_eq!(c["volumeMounts"], json!([run_dir_mount()]), "{sets:?}");
+        assert_eq!(r.env_value(c, "CNI_AGENT_RUN_DIR").as_deref(), Some("/var/run/istio-cni"));
         assert_eq!(host_paths(&r), [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni")]);
     }
 }
@@ -228,7 +236,10 @@ fn sidecar_only_in_place_repair_by_default_gives_the_node_agent_rule_capabilitie
     assert_eq!(added, BTreeSet::from(["NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]));
     assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(sc["privileged"], false);
-    assert_eq!(c["volumeMounts"], json!([{ "name": "host-proc", "mountPath": "/host/proc", "readOnly": true }]));
+    assert_eq!(
+        c["volumeMounts"],
+        json!([run_dir_mount(), { "name": "host-proc", "mountPath": "/host/proc", "readOnly": true }])
+    );
     assert_eq!(
         host_paths(&r),
         [json!("/opt/cni/bin"), json!("/etc/cni/net.d"), json!("/var/run/istio-cni"), json!("/proc")]
@@ -244,7 +255,7 @@ fn sidecar_only_label_or_delete_repair_runs_the_node_agent_without_capabilities_
         let (_, r) = render(&[mode.to_owned(), NO_REPAIR_IN_PLACE.to_owned()]);
         let c = r.container("istio-cni-node", "node-agent").expect("node-agent container for label/delete repair");
         assert_eq!(c["securityContext"]["capabilities"], json!({"drop": ["ALL"]}), "{mode}");
-        assert!(c["volumeMounts"].is_null(), "{mode}: {}", c["volumeMounts"]);
+        assert_eq!(c["volumeMounts"], json!([run_dir_mount()]), "{mode}");
         assert_eq!(r.env_value(c, "AMBIENT_ENABLED").as_deref(), Some("false"));
         assert_eq!(r.env_value(c, "REPAIR_REPAIR_PODS").as_deref(), Some("false"));
         let set = |m: &str| Some(if m == mode { "true" } else { "false" });
@@ -1027,10 +1038,4 @@ fn prometheus_annotation_points_at_the_port_the_node_agent_serves_its_metrics_on
             assert!(body.contains(&format!("# TYPE {metric} ")), "{sets:?}: no {metric} on {port}:\n{body}");
         }
     }
-    // Without the node agent install-cni serves the annotated port.
-    let (_, r) = render(&[NO_REPAIR_IN_PLACE.to_owned()]);
-    assert!(r.container("istio-cni-node", "node-agent").is_none());
-    let install = r.container("istio-cni-node", "install-cni").unwrap();
-    let annotations = &r.get("DaemonSet", "istio-cni-node")["spec"]["template"]["metadata"]["annotations"];
-    assert_eq!(annotations["prometheus.io/port"].as_str(), Some(metrics_port(&r, install).to_string().as_str()));
 }

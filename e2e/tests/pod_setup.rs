@@ -13,7 +13,7 @@ use istio_contract::pod::PodInfo;
 use k8s_openapi::api::core::v1::Pod as ApiPod;
 use serde_json::{json, Value};
 use testbed::mesh::{annotate, plain_pod, proxy_env, sidecar_pod, RuleBackend};
-use testbed::node_agent::{ambient_conflist, ambient_node, ambient_pod, namespace, redirection, ZdsPeer};
+use testbed::node_agent::{ambient_conflist, ambient_node, ambient_pod, namespace, redirection, NodeAgent, ZdsPeer};
 use testbed::wait::eventually_or;
 use testbed::{Cluster, NetnsGuard};
 
@@ -222,4 +222,17 @@ fn the_agents_answer_decides_as_a_fresh_get_for_generated_pods_and_namespaces() 
         assert!(body.contains("\"outcome\":\"sidecar\""), "{body}");
     }
     assert!(decided.iter().all(|n| *n >= 5), "the generated pods cover both decisions: {decided:?}");
+}
+
+/// A sidecar-only install (no ambient, no repair): the agent still runs, as the plugin's pod source.
+#[test]
+fn in_a_sidecar_only_install_the_agent_still_answers_the_plugin() {
+    let backend = RuleBackend::Nftables;
+    let c = Cluster::with_backend(backend);
+    let agent = NodeAgent::start(&c, &[("AMBIENT_ENABLED", "false"), ("REPAIR_ENABLED", "false")]);
+    c.api.clear_requests();
+    let web = c.run(&shaped_sidecar("web"));
+    assert_eq!(lookups_of(&c, "web"), Vec::<String>::new(), "no GET with the agent up");
+    assert!(rules(backend, &web.netns).contains("redirect to :15001"), "the sidecar rules are in");
+    assert!(agent.metric("istio_cni_plugin_pod_lookups_total{source=\"agent\"}") >= Some(1), "{}", agent.metrics());
 }
