@@ -1,7 +1,9 @@
 //! Scenario 1, sidecar pod setup: one full CNI ADD through the fake runtime (`bridge` + `host-local` +
-//! `istio-cni`, the pod served by the fake API) per backend, against the same chain without our plugin and
-//! against an exec of `iptables-nft-restore` with the same rules in a fresh netns (the step Istio's plugin
-//! performs). Contenders run round-robin with a rotating start so noise hits them alike.
+//! `istio-cni`, the pod served by the fake API, the node agent beside it as the chart runs it) per backend,
+//! against the same chain without our plugin, against our plugin with no agent (its API lookup), and against an
+//! exec of `iptables-nft-restore` with the same rules in a fresh netns (the step Istio's plugin performs).
+//! Contenders run round-robin with a rotating start so noise hits them alike. The pod GETs each fake API server
+//! received are counted per ADD.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 use redirect::iptables::IptablesBackend;
 use redirect::sidecar::{build, SidecarConfig};
 use testbed::mesh::{sidecar_pod, RuleBackend};
+use testbed::node_agent::NodeAgent;
 use testbed::{Cluster, NetworkConfigList};
 
 use crate::attach::timed_add;
@@ -27,20 +30,41 @@ const POD: &str = "web";
 enum Contender {
     /// The chain without our plugin.
     Without(NetworkConfigList),
-    /// The chain with our plugin on this backend.
-    With(RuleBackend, NetworkConfigList),
+    /// The chain with our plugin on this backend, the node agent answering its pod lookup (cluster index).
+    With(RuleBackend, usize, NetworkConfigList),
+    /// The chain with our plugin (native nftables) and no node agent: the plugin GETs the pod (cluster index).
+    NoAgent(usize, NetworkConfigList),
     /// `iptables-nft-restore` of the default sidecar rules in a fresh netns.
     Restore,
+    /// The plugin exec'd for `VERSION`: the process's start and exit alone.
+    Version,
 }
 
 impl Contender {
     fn label(&self) -> String {
         match self {
             Contender::Without(_) => "bridge + host-local (no istio-cni)".into(),
-            Contender::With(b, _) => format!("bridge + host-local + istio-cni, {}", backend_name(*b)),
+            Contender::With(b, _, _) => format!("bridge + host-local + istio-cni, {}", backend_name(*b)),
+            Contender::NoAgent(_, _) => {
+                "bridge + host-local + istio-cni, native nftables, no node agent (API lookup)".into()
+            }
             Contender::Restore => "iptables-nft-restore exec alone (Istio's step)".into(),
+            Contender::Version => "istio-cni exec for VERSION alone (process start)".into(),
         }
     }
+
+    /// The cluster whose API server this contender's plugin talks to.
+    fn cluster(&self) -> Option<usize> {
+        match self {
+            Contender::With(_, i, _) | Contender::NoAgent(i, _) => Some(*i),
+            _ => None,
+        }
+    }
+}
+
+/// Pod GETs of [`POD`] that `cluster`'s API server answered.
+fn pod_gets(cluster: &Cluster) -> usize {
+    cluster.api.requests().iter().filter(|r| r.verb == "get" && r.path.ends_with(&format!("/pods/{POD}"))).count()
 }
 
 fn backend_name(b: RuleBackend) -> &'static str {
@@ -53,27 +77,46 @@ fn backend_name(b: RuleBackend) -> &'static str {
 
 /// Runs the scenario and returns its report section.
 pub fn run(counts: Counts) -> Section {
-    let clusters: Vec<(RuleBackend, Cluster)> =
-        RuleBackend::ALL.iter().map(|b| (*b, Cluster::with_backend(*b))).collect();
-    for (_, c) in &clusters {
+    // One cluster per backend with the node agent beside the plugin (as the chart runs it: sidecar-only, no
+    // repair), and one native-nftables cluster without it.
+    let mut clusters: Vec<Cluster> = RuleBackend::ALL.iter().map(|b| Cluster::with_backend(*b)).collect();
+    clusters.push(Cluster::with_backend(RuleBackend::Nftables));
+    for c in &clusters {
         install_kubeconfig(c);
         c.create(&sidecar_pod(NS, POD));
     }
+    // After install-cni has written the kubeconfig and stopped: both listen on 8000 in the node netns.
+    let agent_env = [("AMBIENT_ENABLED", "false"), ("REPAIR_ENABLED", "false"), ("LOG_LEVEL", "warn")];
+    let _agents: Vec<NodeAgent> =
+        clusters[..RuleBackend::ALL.len()].iter().map(|c| NodeAgent::start(c, &agent_env)).collect();
     let list = |v| NetworkConfigList::from_value(v).expect("valid conflist");
-    let mut contenders = vec![Contender::Without(list(clusters[0].1.node.conflist(vec![])))];
-    contenders.extend(clusters.iter().map(|(b, c)| Contender::With(*b, list(c.conflist()))));
+    let mut contenders = vec![Contender::Without(list(clusters[0].node.conflist(vec![])))];
+    contenders
+        .extend(RuleBackend::ALL.iter().enumerate().map(|(i, b)| Contender::With(*b, i, list(clusters[i].conflist()))));
+    let no_agent = clusters.len() - 1;
+    contenders.push(Contender::NoAgent(no_agent, list(clusters[no_agent].conflist())));
+    contenders.push(Contender::Version);
     contenders.push(Contender::Restore);
     let plan = build(&SidecarConfig::cni_pod_defaults());
 
     let mut samples = vec![Vec::with_capacity(counts.iterations); contenders.len()];
+    let mut gets = vec![0; contenders.len()];
     for round in 0..counts.warmup + counts.iterations {
         for k in 0..contenders.len() {
             let i = (round + k) % contenders.len();
+            let before = contenders[i].cluster().map(|c| pod_gets(&clusters[c]));
             let took = match &contenders[i] {
-                Contender::Without(l) => timed_add(&clusters[0].1.node, l, NS, POD).took,
-                Contender::With(b, l) => {
-                    let node = &clusters.iter().find(|(cb, _)| cb == b).expect("cluster of backend").1.node;
-                    timed_add(node, l, NS, POD).took
+                Contender::Without(l) => timed_add(&clusters[0].node, l, NS, POD).took,
+                Contender::With(_, c, l) | Contender::NoAgent(c, l) => timed_add(&clusters[*c].node, l, NS, POD).took,
+                Contender::Version => {
+                    let start = Instant::now();
+                    let out = std::process::Command::new(testbed::bins::path("istio-cni"))
+                        .env("CNI_COMMAND", "VERSION")
+                        .stdin(std::process::Stdio::null())
+                        .output()
+                        .expect("exec istio-cni");
+                    assert!(out.status.success(), "istio-cni VERSION: {out:?}");
+                    start.elapsed()
                 }
                 Contender::Restore => {
                     let ns = fresh_netns();
@@ -84,6 +127,9 @@ pub fn run(counts: Counts) -> Section {
             };
             if round >= counts.warmup {
                 samples[i].push(took);
+                if let (Some(c), Some(before)) = (contenders[i].cluster(), before) {
+                    gets[i] += pod_gets(&clusters[c]) - before;
+                }
             }
         }
     }
@@ -91,32 +137,36 @@ pub fn run(counts: Counts) -> Section {
     Section {
         name: "sidecar-setup",
         title: "Sidecar pod setup: one CNI ADD through the fake runtime".into(),
-        body: table(&contenders, &sums, counts),
+        body: table(&contenders, &sums, &gets, counts),
     }
 }
 
-fn table(contenders: &[Contender], sums: &[Summary], counts: Counts) -> String {
+fn table(contenders: &[Contender], sums: &[Summary], gets: &[usize], counts: Counts) -> String {
     let without = sums[0].median;
     let restore = sums[sums.len() - 1].median;
     let mut s = String::new();
     let _ = writeln!(
         s,
         "Timed: the runtime's whole ADD (every plugin exec'd with the pod's netns, as containerd does; netns \
-         creation excluded). The pod is a sidecar pod stored in the fake API; our plugin looks it up, decides, and \
-         programs the default sidecar rules. Warm-up {} rounds, then {} timed rounds; each round runs every \
-         contender once, round-robin with a rotating start.\n",
+         creation excluded). The pod is a sidecar pod stored in the fake API; our plugin asks the node agent for it \
+         (one round trip on its socket; the agent answers from its watch of the node's pods), or, with no agent, \
+         GETs it from the API; then it decides and programs the default sidecar rules. Warm-up {} rounds, then {} \
+         timed rounds; each round runs every contender once, round-robin with a rotating start. \"pod GETs\" is \
+         what the contender's fake API server answered per timed ADD.\n",
         counts.warmup, counts.iterations
     );
-    let _ =
-        writeln!(s, "| contender | median µs | p90 µs | p99 µs | added by istio-cni (median) µs | restore / added |");
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| contender | median µs | p90 µs | p99 µs | added by istio-cni (median) µs | restore / added | pod GETs |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
     let mut verdicts = String::new();
-    for (c, sum) in contenders.iter().zip(sums) {
+    for ((c, sum), gets) in contenders.iter().zip(sums).zip(gets) {
         let (added, vs) = match c {
-            Contender::With(b, _) => {
+            Contender::With(..) | Contender::NoAgent(..) => {
                 let added = sum.median.saturating_sub(without).max(Duration::from_micros(1));
                 let r = ratio(restore, added);
-                if *b == RuleBackend::Nftables {
+                if matches!(c, Contender::With(RuleBackend::Nftables, ..)) {
                     let verdict = if r >= TARGET_RATIO { "met" } else { "NOT met" };
                     let _ = writeln!(
                         verdicts,
@@ -130,15 +180,20 @@ fn table(contenders: &[Contender], sums: &[Summary], counts: Counts) -> String {
             }
             _ => ("–".into(), "–".into()),
         };
-        let _ = writeln!(s, "| {} | {} | {added} | {vs} |", c.label(), sum.us_cells());
+        let gets = match c.cluster() {
+            Some(_) => format!("{:.1}", *gets as f64 / counts.iterations.max(1) as f64),
+            None => "–".into(),
+        };
+        let _ = writeln!(s, "| {} | {} | {added} | {vs} | {gets} |", c.label(), sum.us_cells());
     }
     s.push('\n');
     s.push_str(&verdicts);
     s.push_str(
-        "\nThe added cost is the whole plugin process: exec, reading the netconf, one GET of the pod from the API \
-         server (over https with the kubeconfig install-cni writes: token and cluster CA, a TLS handshake per \
-         exec as on a real cluster), the decision, and the rules. Istio's \
-         plugin pays the same exec and API call before its `iptables-restore` exec.\n",
+        "\nThe added cost is the whole plugin process: exec, reading the netconf, the pod lookup, the decision, and \
+         the rules. With the node agent the lookup is one HTTP round trip on its unix socket, answered from its \
+         watch; without it, a GET of the pod from the API server over https with the kubeconfig install-cni writes \
+         (token and cluster CA, a TLS handshake per exec as on a real cluster), which is what Istio's plugin pays \
+         before its `iptables-restore` exec.\n",
     );
     s
 }
