@@ -236,3 +236,25 @@ fn in_a_sidecar_only_install_the_agent_still_answers_the_plugin() {
     assert!(rules(backend, &web.netns).contains("redirect to :15001"), "the sidecar rules are in");
     assert!(agent.metric("istio_cni_plugin_pod_lookups_total{source=\"agent\"}") >= Some(1), "{}", agent.metrics());
 }
+
+/// Istio reads the pod at ADD time: an annotation changed after the pod was created (and seen by the agent's
+/// watch) is what the ADD programs, not the version the pod was created with.
+#[test]
+fn an_annotation_changed_after_creation_is_what_the_add_programs() {
+    let backend = RuleBackend::Nftables;
+    let (c, _agent) = ambient_node(backend, NS, &[]);
+    let pod = annotate(sidecar_pod(NS, "web"), names::EXCLUDE_OUTBOUND_PORTS, "5432");
+    c.create(&pod);
+    c.create(&annotate(pod.clone(), names::EXCLUDE_OUTBOUND_PORTS, "7777"));
+    eventually_or(
+        "the agent's watch has the changed annotation",
+        || pod_setup(&c, "web", NS, false).1.contains("7777").then_some(()),
+        || c.api.get("Pod", Some(NS), "web").unwrap().to_string(),
+    );
+    c.api.clear_requests();
+    let web = c.add(&pod).expect("ADD");
+    assert_eq!(lookups_of(&c, "web"), Vec::<String>::new(), "answered by the agent");
+    let rules = rules(backend, &web.netns);
+    assert!(rules.contains("tcp dport 7777"), "the changed exclusion is programmed:\n{rules}");
+    assert!(!rules.contains("5432"), "the original one is not:\n{rules}");
+}
