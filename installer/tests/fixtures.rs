@@ -69,6 +69,8 @@ impl NetDir {
         let dir = NetDir(tempfile::tempdir().expect("temp dir"));
         for (src, name) in files {
             fs::write(dir.path(name), read(src)).expect("copy fixture");
+            // Whatever the umask: the mode a primary CNI typically leaves.
+            fs::set_permissions(dir.path(name), fs::Permissions::from_mode(FIXTURE_MODE)).expect("chmod fixture");
         }
         dir
     }
@@ -303,7 +305,11 @@ fn writing_into_the_net_dir_twice_gives_the_goldens() {
                 Some((written, golden)) => {
                     assert!(change.is_some(), "{label}");
                     assert_eq!(dir.read(written), text(&read(golden)), "{label}");
-                    assert_eq!(dir.mode(written), 0o644, "{label}");
+                    // A file of our own (standalone or Istio-owned) is created 0600; a primary (or its conversion)
+                    // keeps the fixture's mode.
+                    let new_file = !case.chained || owned.is_some();
+                    let expected = if new_file { NEW_FILE_MODE_EXPECTED } else { FIXTURE_MODE };
+                    assert_eq!(dir.mode(written), expected, "{label}");
                     check(dir.root(), &settings, &entry, &dir.path(written))
                         .unwrap_or_else(|e| panic!("{label}: freshly installed config invalid: {e}"));
                 }
@@ -317,6 +323,12 @@ fn writing_into_the_net_dir_twice_gives_the_goldens() {
     }
 }
 
+/// The mode of a config file install-cni creates: Istio's 0600 (istio/istio#59075); a primary we rewrite keeps its
+/// own.
+const NEW_FILE_MODE_EXPECTED: u32 = 0o600;
+/// The mode the fixtures' files are given.
+const FIXTURE_MODE: u32 = 0o644;
+
 #[test]
 fn a_converted_conf_becomes_its_conflist() {
     let dir = NetDir::new(BRIDGE_AND_LIST);
@@ -326,19 +338,19 @@ fn a_converted_conf_becomes_its_conflist() {
 }
 
 #[test]
-fn the_primary_keeps_its_mode_and_new_files_get_0644() {
+fn the_primary_keeps_its_mode_and_new_files_get_0600() {
     let dir = NetDir::new(&[("unit/list.conflist", "10-list.conflist")]);
-    fs::set_permissions(dir.path("10-list.conflist"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(dir.path("10-list.conflist"), fs::Permissions::from_mode(0o644)).unwrap();
     install(&dir, &settings(true, None, None, false), &unit_entry(false));
-    assert_eq!(dir.mode("10-list.conflist"), 0o600);
+    assert_eq!(dir.mode("10-list.conflist"), 0o644, "the primary CNI's choice is kept");
     let changes = cleanup(dir.root(), &settings(true, None, None, false)).unwrap();
     assert_eq!(changes, [Change::Wrote(dir.path("10-list.conflist"))]);
-    assert_eq!(dir.mode("10-list.conflist"), 0o600, "cleanup keeps the mode");
+    assert_eq!(dir.mode("10-list.conflist"), 0o644, "cleanup keeps the mode");
 
     let dir = NetDir::new(&[("unit/list.conflist", "10-list.conflist")]);
-    fs::set_permissions(dir.path("10-list.conflist"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(dir.path("10-list.conflist"), fs::Permissions::from_mode(0o644)).unwrap();
     install(&dir, &settings(true, None, Some(OWNED), true), &unit_entry(true));
-    assert_eq!(dir.mode(OWNED), 0o644);
+    assert_eq!(dir.mode(OWNED), 0o600, "a file we create is 0600, as Istio's");
 }
 
 #[test]

@@ -21,8 +21,9 @@ pub const DEFAULT_STANDALONE_FILENAME: &str = "YYY-istio-cni.conf";
 /// the usual primaries.
 pub const DEFAULT_OWNED_FILENAME: &str = "02-istio-cni.conflist";
 
-/// Permission bits of a config file we create (the primary's own mode is kept when we rewrite it).
-pub const NEW_FILE_MODE: u32 = 0o644;
+/// Permission bits of a config file we create (the primary's own mode is kept when we rewrite it): 0600, as Istio
+/// writes its config since istio/istio#59075 (the CIS Kubernetes benchmark asks for 0600 or stricter).
+pub const NEW_FILE_MODE: u32 = 0o600;
 
 /// The agent settings that decide where our config goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
