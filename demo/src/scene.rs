@@ -118,7 +118,7 @@ pub fn run() -> Result<(), Stop> {
     }
     let (client, server) = (&ambient[0], &ambient[1]);
     wait_for("the proxy lists both ambient pods from the API", LIMIT, || {
-        proxy.log().contains("workload directory updated source=\"kubernetes\" addresses=2").then_some(())
+        (proxy.kubernetes_addresses() == Some(2)).then_some(())
     })?;
 
     show_traffic(&cluster, &proxy, client, server)?;

@@ -210,7 +210,8 @@ fn a_pod_deleted_through_the_api_is_removed_from_the_proxy_and_the_probe_set() {
     let web = run(&c, &ambient_pod(NS, "web"));
     let id = uid(&c, NS, "web");
 
-    c.api.delete("Pod", Some(NS), "web").expect("pod was stored");
+    // Deleted through the API while its sandbox still runs (the kubelet has not torn it down yet).
+    c.delete_pod(NS, "web", None);
     eventually("the proxy receives DelWorkload", || {
         (!peer.received_for(RequestKind::Del, &id).is_empty()).then_some(())
     });
@@ -243,7 +244,7 @@ fn a_reused_ip_keeps_the_new_pods_probe_entry() {
         assert_eq!(new.ip, old.ip, "the IP was reused");
         // The old pod's deletion reaches the agent only now, as a lagging watch would deliver it.
         let old_id = uid(c, NS, "old");
-        c.api.delete("Pod", Some(NS), "old").expect("old pod was stored");
+        c.delete_pod(NS, "old", None);
         eventually("the proxy receives DelWorkload for the old pod", || {
             (!peer.received_for(RequestKind::Del, &old_id).is_empty()).then_some(())
         });

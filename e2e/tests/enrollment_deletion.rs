@@ -133,7 +133,7 @@ fn deleted_at(row: &Row) {
         let in_set = node.in_probe_set(&id);
         assert_eq!(in_set, row.in_probe_set, "paused at {}: in the probe set?\n{}", row.stage, node.logs());
 
-        node.cluster.api.delete("Pod", Some(NS), "doomed").expect("the pod was stored");
+        node.cluster.delete_pod(NS, "doomed", None);
         eventually_or("the agent saw the deletion", || node.agent.metric(DELETES).filter(|n| *n == 1), || node.logs());
         node.pause.resume(&id);
         (add.join().expect("ADD thread"), id)

@@ -17,9 +17,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fake_apiserver::Fault;
+use fake_apiserver::{Fault, RequestRecord};
 use istio_contract::{names, ports};
 use serde_json::{json, Value};
+use testbed::chart;
 use testbed::install_cni::Installer;
 use testbed::mesh::RuleBackend;
 use testbed::node_agent::{
@@ -107,6 +108,47 @@ fn spare_ip(cluster: &Cluster, n: u8) -> Ipv4Addr {
     Ipv4Addr::new(base[0], base[1], base[2], 200 + n)
 }
 
+/// The TCP connections opened to the API server from the node's netns (where the agent runs), counted by an
+/// nftables rule on their SYNs: what an API server that closes every connection at accept sees of a client.
+struct ApiConnections<'a>(&'a NetnsGuard);
+
+impl<'a> ApiConnections<'a> {
+    const TABLE: &'static str = "e2e-api-connections";
+
+    fn count(c: &'a Cluster) -> Self {
+        let ns = c.node.netns();
+        ns.exec_ok(&["nft", "add", "table", "inet", Self::TABLE]);
+        ns.exec_ok(&["nft", "add", "chain", "inet", Self::TABLE, "out", "{ type filter hook output priority 0; }"]);
+        let port = c.api.addr().port().to_string();
+        let rule = ["tcp", "dport", &port, "tcp", "flags", "&", "(syn|ack)", "==", "syn", "counter"];
+        ns.exec_ok(&[&["nft", "add", "rule", "inet", Self::TABLE, "out"][..], &rule[..]].concat());
+        Self(ns)
+    }
+
+    /// Connections opened so far.
+    fn opened(&self) -> usize {
+        let chain = self.0.exec_ok(&["nft", "list", "chain", "inet", Self::TABLE, "out"]);
+        let packets = chain.split_once("counter packets ").and_then(|(_, rest)| rest.split_whitespace().next());
+        packets.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no counter in {chain}"))
+    }
+}
+
+/// How many of the agent's watch attempts (a LIST or a WATCH) failed at the API server under `fault`, as the
+/// server saw them: requests answered with the injected status; when it refuses connections, the requests it
+/// read on connections already open and dropped unanswered (status 0), plus the new connections, which it
+/// closes right after accept, before any request is read.
+fn failed_attempts(c: &Cluster, connections: &ApiConnections, fault: &Fault) -> usize {
+    let answered = |status: u16| {
+        let failed = |r: &RequestRecord| r.status == status && (r.verb == "list" || r.verb == "watch");
+        c.api.requests().iter().filter(|r| failed(r)).count()
+    };
+    match fault {
+        Fault::Status(code) => answered(*code),
+        Fault::Refuse => answered(0) + connections.opened(),
+        Fault::Delay(_) => unreachable!("a slow API fails nothing"),
+    }
+}
+
 #[test]
 fn the_agent_rides_out_an_api_server_that_refuses_errors_or_is_slow_and_catches_up_when_it_returns() {
     let (c, agent) = setup();
@@ -114,20 +156,22 @@ fn the_agent_rides_out_an_api_server_that_refuses_errors_or_is_slow_and_catches_
     let before = run(&c, &ambient_pod(NS, "before"));
     let before_uid = uid(&c, NS, "before");
 
+    let connections = ApiConnections::count(&c);
     let faults = [("refused", Fault::Refuse), ("500", Fault::Status(500)), ("403", Fault::Status(403))];
     let mut running = Vec::new();
     for (n, (what, fault)) in faults.into_iter().enumerate() {
-        let errors = agent.log().matches("watch error").count();
+        let failed_so_far = || failed_attempts(&c, &connections, &fault);
+        let failed_before = failed_so_far();
         // The API goes away: its open watches end and every new request meets the fault.
         let down = Instant::now();
-        c.api.set_fault(Some(fault));
+        c.api.set_fault(Some(fault.clone()));
         c.api.drop_watches();
-        // The first outage lasts a few failed rounds of both watches, to see the agent back off.
+        // The first outage lasts a few failed rounds of the agent's watches, to see the agent back off.
         let rounds = if n == 0 { 6 } else { 1 };
         let failed = eventually_or(
-            &format!("the agent's watches fail {rounds} times against the {what} API"),
-            || Some(agent.log().matches("watch error").count() - errors).filter(|f| *f >= rounds),
-            || agent.log(),
+            &format!("the API sees {rounds} failed attempts of the agent's watches against the {what} API"),
+            || Some(failed_so_far().saturating_sub(failed_before)).filter(|f| *f >= rounds),
+            || format!("{:#?}\n{}", c.api.requests(), agent.log()),
         );
         let rate = failed as f64 / down.elapsed().as_secs_f64();
         assert!(
@@ -176,7 +220,7 @@ fn the_agent_rides_out_an_api_server_that_refuses_errors_or_is_slow_and_catches_
 }
 
 #[test]
-fn a_repair_the_api_refuses_is_logged_and_retried_on_the_pods_next_update() {
+fn a_repair_the_api_refuses_is_counted_and_retried_on_the_pods_next_update() {
     let (c, agent) = ambient_node(RuleBackend::Nftables, NS, &[("REPAIR_DELETE_PODS", "true")]);
     // Ready means the agent has listed; its watches open just after. Only open watches keep streaming under the
     // fault, so wait for them.
@@ -188,17 +232,22 @@ fn a_repair_the_api_refuses_is_logged_and_retried_on_the_pods_next_update() {
     // Open watches keep streaming; every new request, the repair's DELETE included, gets a 500.
     c.api.set_fault(Some(Fault::Status(500)));
     c.api.upsert(crash_looping_pod(NS, "broken", "node-1", VALIDATION_CONTAINER, 126, true)).expect("store pod");
-    let failure = eventually_or(
-        "the failed delete is logged",
-        || agent.log().lines().find(|l| l.contains("repairing broken pod failed")).map(String::from),
-        || agent.log(),
-    );
-    assert!(failure.contains("shop/broken") && failure.contains("delete") && failure.contains("500"), "{failure}");
-    // Its Event (DeleteBrokenPod) got the 500 too: logged, and the repair goes on.
+    let broken = format!("/api/v1/namespaces/{NS}/pods/broken");
+    let events = format!("/api/v1/namespaces/{NS}/events");
+    let answered = |method: &str, path: &str| -> Vec<u16> {
+        let requests = c.api.requests();
+        requests.iter().filter(|r| r.method == method && r.path == path).map(|r| r.status).collect()
+    };
     eventually_or(
-        "the failed event is logged",
-        || agent.log().contains("cannot write event").then_some(()),
-        || agent.log(),
+        "the API answers the repair's delete with the 500",
+        || answered("DELETE", &broken).contains(&500).then_some(()),
+        || format!("{:#?}\n{}", c.api.requests(), agent.log()),
+    );
+    // Its Event (DeleteBrokenPod) got the 500 too, and the repair goes on.
+    eventually_or(
+        "the API answers the repair's Event with the 500",
+        || answered("POST", &events).contains(&500).then_some(()),
+        || format!("{:#?}\n{}", c.api.requests(), agent.log()),
     );
     c.api.set_fault(None);
     assert!(c.api.get("Pod", Some(NS), "broken").is_some());
@@ -212,14 +261,30 @@ fn a_repair_the_api_refuses_is_logged_and_retried_on_the_pods_next_update() {
     let mut pod = c.api.get("Pod", Some(NS), "broken").expect("broken pod stored");
     pod["status"]["initContainerStatuses"][0]["restartCount"] = json!(3);
     c.api.upsert(pod).expect("store status update");
+    // The API server deletes gracefully: the pod is terminating (its kubelet stops it, then deletes it for good).
     eventually_or(
-        "the retried delete succeeds",
-        || c.api.get("Pod", Some(NS), "broken").is_none().then_some(()),
+        "the retried delete succeeds (the pod is terminating)",
+        || {
+            let pod = c.api.get("Pod", Some(NS), "broken")?;
+            pod["metadata"]["deletionTimestamp"].is_string().then_some(())
+        },
         || agent.log(),
     );
     eventually("the delete is counted once", || (agent.metric(deleted) == Some(1)).then_some(()));
     assert_eq!(agent.metric(failed), Some(1), "{}", agent.metrics());
-    assert_eq!(agent.log().matches("Deleting broken pod: shop/broken").count(), 2, "{}", agent.log());
+    // Two attempts in all: the refused one and its one retry, which the API granted to the agent.
+    let agents = fake_apiserver::User::service_account(chart::NAMESPACE, chart::CNI_SERVICE_ACCOUNT).name;
+    let deletes = eventually("the retried delete is answered", || {
+        let requests = c.api.requests();
+        let deletes: Vec<_> = requests.into_iter().filter(|r| r.method == "DELETE" && r.path == broken).collect();
+        deletes.iter().all(|r| r.status != 0).then_some(deletes)
+    });
+    let answers: Vec<(u16, &str)> = deletes.iter().map(|r| (r.status, r.user.as_str())).collect();
+    assert!(
+        matches!(answers[..], [(500, _), (ok, user)] if (200..300).contains(&ok) && user == agents),
+        "the delete's attempts at the API: {answers:?}"
+    );
+    eventually("the retry's Event is written", || (answered("POST", &events).len() == 2).then_some(()));
 }
 
 #[test]
@@ -383,7 +448,7 @@ fn an_enrolled_pod_whose_netns_is_gone_at_restart_is_kept_then_re_enrolled_or_re
     assert_eq!(adds.iter().map(|a| a.fds.clone()).collect::<Vec<_>>(), vec![vec![netns_id(&web.netns)]]);
     assert!(has_inpod_rules(&web.netns));
     assert_eq!(redirection(&c, NS, "web").as_deref(), Some("enabled"));
-    c.api.delete("Pod", Some(NS), "db").expect("db was stored");
+    c.delete_pod(NS, "db", None);
     eventually("the proxy is told db is gone", || {
         (!peer.received_for(RequestKind::Del, &ids[1]).is_empty()).then_some(())
     });

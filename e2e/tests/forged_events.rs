@@ -227,7 +227,7 @@ fn events_for_a_pod_of_another_node_or_of_another_uid_are_refused_and_program_no
     // `web` was deleted and created again under the same name: an event for the old one names the old UID.
     c.create(&ambient_pod(NS, "web"));
     let old = uid(&c, NS, "web");
-    c.api.delete("Pod", Some(NS), "web");
+    c.delete_pod(NS, "web", None);
     c.create(&ambient_pod(NS, "web"));
     let web = uid(&c, NS, "web");
     assert_ne!(old, web);

@@ -16,7 +16,7 @@ use testbed::{Cluster, Pod};
 mod support;
 use support::capture::{payload_bytes, Capture};
 use support::traffic::{Payload, MARKER};
-use support::{ambient_member, connect_from, listen_on, metric, workload, write_workloads, Proxy, APP_PORT, NS, TD};
+use support::{ambient_member, connect_from, listen_on, workload, write_workloads, Proxy, APP_PORT, NS, TD};
 
 /// Bytes each way in the large transfer, as in the same-node acceptance test.
 const PAYLOAD: u64 = 1024 * 1024 * 1024;
@@ -44,10 +44,6 @@ impl NodeSide {
             Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &[("CA_DIR", ca_dir)]);
         NodeSide { proxy, cluster, _agent: agent, dir }
     }
-
-    fn metric(&self, name: &str) -> f64 {
-        metric(&self.cluster.node.netns().path(), name).unwrap_or(0.0)
-    }
 }
 
 /// Connects the two node netns with a veth and routes each node's pod subnet through it.
@@ -63,13 +59,15 @@ fn link(one: &Cluster, two: &Cluster) {
     }
 }
 
-/// `key` summed over both directions of A's outbound (node 1) and B's inbound (node 2) HBONE connections.
+/// Both byte counters of A's outbound (node 1, `reporter="source"`) and B's inbound (node 2,
+/// `reporter="destination"`) HBONE connections.
 fn byte_metrics(one: &NodeSide, two: &NodeSide) -> Vec<f64> {
     let names = ["istio_tcp_received_bytes_total", "istio_tcp_sent_bytes_total"];
     let mut values = Vec::new();
-    for (side, direction) in [(one, "outbound"), (two, "inbound")] {
+    for (side, outbound) in [(one, true), (two, false)] {
         for name in names {
-            values.push(side.metric(&format!("{name}{{direction=\"{direction}\",protocol=\"HBONE\"}}")));
+            let netns = side.cluster.node.netns().path();
+            values.push(support::metrics::sum(&netns, name, &support::metrics::hbone(outbound)));
         }
     }
     values

@@ -283,7 +283,6 @@ fn an_ambient_pods_dns_is_answered_through_the_forwarder() {
     let udp_ports: Vec<u16> = seen.iter().filter(|(t, _)| *t == "udp").map(|(_, peer)| peer.port()).collect();
     assert_eq!(udp_ports[0], udp_ports[1], "the pod's upstream UDP socket is reused, not made per query: {seen:?}");
     assert_eq!(from_pod("tcp"), 1, "one upstream TCP connection carried both pipelined queries: {seen:?}");
-    assert!(proxy.log().contains("dns answer relayed"), "the forwarder relayed the answers");
 
     // Upstream gone: the forwarder answers SERVFAIL instead of leaving the client waiting.
     server.stop();

@@ -27,7 +27,7 @@ use testbed::wait::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod support;
-use support::{listening, APP_PORT, B_SA, NS, TD};
+use support::{listening, unready, APP_PORT, B_SA, NS, TD};
 
 /// Bound on every async part of a test.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -63,6 +63,8 @@ impl Scene {
         let env = [
             ("CA_DIR", cacerts.to_str().expect("UTF-8 scratch path")),
             ("CONNECTION_TERMINATION_DEADLINE", termination_deadline),
+            // A's connections to B go over HBONE, as from another node: these tests are about its errors.
+            support::HBONE_ON_ONE_NODE,
         ];
         Scene { base: support::Scene::new(dir, b_listed_sa, &env), ca }
     }
@@ -307,8 +309,10 @@ fn sigterm_lets_open_streams_finish_and_sends_goaway() {
     });
     assert_eq!(pool.connection_count(), 1);
 
+    let node = scene.cluster.node.netns().path();
+    assert!(!unready(&node, ports::READINESS), "the proxy is ready before SIGTERM");
     let sent = scene.proxy.terminate();
-    eventually("the proxy starts draining", || scene.proxy.log().contains("shutting down").then_some(()));
+    eventually("the proxy starts draining: no longer ready", || unready(&node, ports::READINESS).then_some(()));
     eventually("the proxy stops accepting on B's 15008", || (!listening(&scene.b.netns, ports::HBONE)).then_some(()));
     eventually("B's proxy sent GOAWAY on the test's HBONE connection", || (pool.connection_count() == 0).then_some(()));
 
@@ -337,8 +341,10 @@ fn sigterm_cuts_a_stream_still_open_at_the_deadline() {
     let mut app = scene.a_connects_to_b();
     echo_plain(&mut app, b"before");
 
+    let node = scene.cluster.node.netns().path();
+    assert!(!unready(&node, ports::READINESS), "the proxy is ready before SIGTERM");
     let sent = scene.proxy.terminate();
-    eventually("the proxy starts draining", || scene.proxy.log().contains("shutting down").then_some(()));
+    eventually("the proxy starts draining: no longer ready", || unready(&node, ports::READINESS).then_some(()));
     echo_plain(&mut app, b"while draining");
     // The app keeps its stream open; the proxy cuts it at the deadline.
     match app.read(&mut [0; 8]) {

@@ -25,7 +25,7 @@ use support::metrics::{scrape, Series};
 use support::traffic::{transfer, Payload};
 use support::{
     await_kubernetes_listing, conflist_for, connect_from, listen_on, plain_member, record_pod_ips, Proxy, Stack,
-    APP_PORT, NS,
+    APP_PORT, HBONE_ON_ONE_NODE, NS,
 };
 
 /// Bytes the client app sends, and the server app answers: different, so a swapped counter shows.
@@ -75,7 +75,9 @@ fn hbone_traffic_is_reported_with_ztunnels_labels_by_both_sides() {
     let cluster = Cluster::with_backend(RuleBackend::Nftables);
     cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
     let agent = NodeAgent::start(&cluster, &[]);
-    let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &[]);
+    // Both pods are on this node: without the fast path, so their connection is HBONE (`proxy_fast_path.rs` checks
+    // the fast path's series).
+    let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &[HBONE_ON_ONE_NODE]);
     let netns = cluster.node.netns().path();
 
     // A Deployment's pod (its ReplicaSet's name ends with the pod-template hash) with app and version labels, and a

@@ -1,6 +1,6 @@
 //! Operating the real `hbone-proxy` (real node agent, pods through the fake CNI runtime): a pod whose proxy
 //! cannot start is retried every 5 s and keeps the proxy unready (pending gauge on 15020), `/config_dump` on
-//! 127.0.0.1:15000 shows the pods, identities and certificate expiry, the HBONE connect-latency histogram counts
+//! 127.0.0.1:15000 shows the pods, identities and certificate expiry and the workload directory, the HBONE connect-latency histogram counts
 //! new connections, leaf certificates rotate at half life without dropping connections, and a new proxy takes over
 //! the pods' ports (SO_REUSEPORT) while the old one drains.
 
@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use istio_contract::ports;
+use testbed::hbone_proxy::{KUBERNETES_SOURCE, LOCAL_FILE_SOURCE};
 use testbed::node_agent::{netns_id, uid};
 use testbed::wait::eventually;
 use testbed::Pod;
@@ -18,14 +19,17 @@ mod support;
 use support::traffic::Payload;
 use support::{
     ambient_member, await_kubernetes_listing, config_dump, connect_from, dumped_pod, http_get, listen_on, listening,
-    metric, pod_ips, Proxy, Scene, APP_PORT, NS,
+    metric, pod_ips, unready, Proxy, Scene, APP_PORT, HBONE_ON_ONE_NODE, NS,
 };
 
 /// How often the proxy retries a pod that failed to start.
 const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
+/// A scene with the proxy's `env`, and its same-node fast path off: these tests count HBONE connections and hand
+/// HBONE streams over between proxies.
 fn scene(env: &[(&str, &str)]) -> Scene {
-    Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", env)
+    let env: Vec<(&str, &str)> = [HBONE_ON_ONE_NODE].into_iter().chain(env.iter().copied()).collect();
+    Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", &env)
 }
 
 fn expiry(scene: &Scene, name: &str) -> u64 {
@@ -117,7 +121,8 @@ fn a_pod_whose_proxy_cannot_start_is_retried_every_5s_and_keeps_the_proxy_unread
 }
 
 #[test]
-fn config_dump_shows_pods_identities_and_certificate_expiry_and_the_connect_histogram_counts_connections() {
+fn config_dump_shows_pods_identities_certificate_expiry_and_the_directory_and_the_connect_histogram_counts_connections()
+{
     let scene = scene(&[]);
     let netns = scene.cluster.node.netns().path();
     let dump = config_dump(&scene);
@@ -135,6 +140,35 @@ fn config_dump_shows_pods_identities_and_certificate_expiry_and_the_connect_hist
         assert!(expires.abs_diff(unix_now() + day) < 120, "a 24 h leaf by default: {entry}");
         assert!(entry["certificate"]["expires_at"].as_str().is_some_and(|t| t.ends_with('Z')), "RFC 3339: {entry}");
     }
+    // The workload directory, in ztunnel's field names: A and B as their Pod objects list them (the Kubernetes
+    // source), nothing from the (absent) local workloads file.
+    let listed = dump["workloads"].as_array().unwrap_or_else(|| panic!("a workloads list: {dump}"));
+    assert_eq!(listed.len(), 2, "A and B, each once: {dump}");
+    for (pod, name, sa) in [(&scene.a, "a", "a-sa"), (&scene.b, "b", "b-sa")] {
+        let entry = listed.iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("workload {name} in {dump}"));
+        let object = scene.cluster.api.get("Pod", Some(NS), name).expect("pod object");
+        assert_eq!(entry["source"], KUBERNETES_SOURCE, "{entry}");
+        assert_eq!(entry["uid"], uid(&scene.cluster, NS, name).as_str());
+        assert_eq!(entry["namespace"], NS);
+        assert_eq!(entry["serviceAccount"], sa);
+        assert_eq!(entry["trustDomain"], "cluster.local");
+        assert_eq!(entry["workloadIps"], serde_json::json!([pod.ip.to_string()]));
+        assert_eq!(entry["protocol"], "HBONE");
+        assert_eq!(entry["node"], object["spec"]["nodeName"]);
+        assert_eq!(
+            (&entry["workloadName"], &entry["canonicalName"]),
+            (&serde_json::json!(name), &serde_json::json!(name))
+        );
+        assert_eq!(
+            entry["clusterId"],
+            istio_contract::telemetry::DEFAULT_CLUSTER_ID,
+            "the proxy's own cluster (CLUSTER_ID's default)"
+        );
+    }
+    let counts = &dump["workload_sources"];
+    assert_eq!(counts[KUBERNETES_SOURCE], serde_json::json!({ "workloads": 2, "addresses": 2 }), "{dump}");
+    assert_eq!(counts[LOCAL_FILE_SOURCE], serde_json::json!({ "workloads": 0, "addresses": 0 }), "{dump}");
+    assert_eq!(dump["workloads_omitted"], 0);
     // Bound to the node's loopback only: the node's own bridge address does not serve it.
     let gateway = SocketAddr::from((scene.cluster.node.gateway(), ports::ADMIN));
     let node = scene.cluster.node.netns().open().expect("open node netns");
@@ -189,15 +223,16 @@ fn a_new_proxy_takes_over_the_pods_ports_while_the_old_one_drains() {
 
     // The new proxy shares the state dir (so the mesh CA) and, as a new pod would, binds the pods' ports next to
     // the old listeners (SO_REUSEPORT); its own probe and admin ports differ only because both run in one netns.
-    let env = [("READINESS_PORT", "15121"), ("MONITORING_PORT", "15120"), ("ADMIN_PORT", "15100")];
+    let env = [("READINESS_PORT", "15121"), ("MONITORING_PORT", "15120"), ("ADMIN_PORT", "15100"), HBONE_ON_ONE_NODE];
     let new = Proxy::spawn(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &env);
     let netns = scene.cluster.node.netns().path();
     eventually("the new proxy is ready: it runs both pods next to the old one", || {
         (http_get(&netns, 15121, "/healthz/ready")?.0 == 200).then_some(())
     });
     let mut old = std::mem::replace(&mut scene.proxy, new);
+    assert!(!unready(&netns, ports::READINESS), "the old proxy is ready before SIGTERM");
     let sent = old.terminate();
-    eventually("the old proxy drains", || old.log().contains("shutting down").then_some(()));
+    eventually("the old proxy drains: no longer ready", || unready(&netns, ports::READINESS).then_some(()));
 
     let mut fresh = scene.a_connects_to_b();
     echo(&mut fresh, b"through the new proxy");
@@ -208,7 +243,10 @@ fn a_new_proxy_takes_over_the_pods_ports_while_the_old_one_drains() {
     let status = old.exit_within(sent, Duration::from_secs(8)).expect("the old proxy exits once drained");
     assert!(status.success(), "{status}");
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "B's app saw both connections");
-    eventually("the new proxy carried the new connection", || {
-        scene.proxy.log().contains("direction=\"outbound\" protocol=\"HBONE\"").then_some(())
-    });
+    // The new proxy dialled the one HBONE connection it has seen: it carried the new connection.
+    let dialled = || {
+        let (_, body) = http_get(&netns, 15120, "/metrics")?;
+        body.lines().find_map(|l| l.strip_prefix("hbone_connect_duration_seconds_count ")?.trim().parse::<f64>().ok())
+    };
+    assert_eq!(dialled(), Some(1.0), "the new proxy's HBONE dials");
 }

@@ -20,12 +20,15 @@ use testbed::{Cluster, NetnsGuard, Pod};
 
 mod support;
 use support::traffic::echo_app;
-use support::{listen_on, listening, workload, write_workloads, Proxy, Scene, APP_PORT, NS};
+use support::{listen_on, listening, workload, write_workloads, Proxy, Scene, APP_PORT, HBONE_ON_ONE_NODE, NS};
 
 const HELLO: &[u8] = b"hello through the mesh";
 
+/// A scene with the proxy's `env`, and its same-node fast path off: A reaches B over HBONE, as from another node
+/// (`proxy_fast_path.rs` runs these policies over the fast path).
 fn scene(env: &[(&str, &str)]) -> Scene {
-    Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", env)
+    let env: Vec<(&str, &str)> = [HBONE_ON_ONE_NODE].into_iter().chain(env.iter().copied()).collect();
+    Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", &env)
 }
 
 /// A pod outside the mesh (not labelled for ambient) on the scene's node.
@@ -108,7 +111,8 @@ fn strict_mtls_mode_refuses_plaintext_inbound_and_permissive_forwards_it() {
     eventually("the old proxy's listeners are gone", || {
         (!listening(&scene.b.netns, ports::INBOUND_PLAINTEXT)).then_some(())
     });
-    scene.proxy = Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[]);
+    scene.proxy =
+        Proxy::start(&scene.cluster, &scene.agent, scene.dir.path(), &scene.workloads(), &[HBONE_ON_ONE_NODE]);
     assert_eq!(say_hello(&outsider, &scene.b).expect("plaintext in PERMISSIVE mode"), HELLO);
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "PERMISSIVE (the default) forwards plaintext to the app");
 }

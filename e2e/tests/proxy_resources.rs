@@ -133,7 +133,7 @@ fn the_proxy_raises_its_open_files_soft_limit_to_the_hard_limit_at_start() {
 
 #[test]
 fn each_pod_has_one_socket_thread_connections_create_no_threads_and_the_thread_ends_with_the_pod() {
-    let scene = scene();
+    let mut scene = scene();
     let pid = scene.proxy.pid();
     assert_eq!(threads_named(pid, SOCKET_THREAD), 2, "one socket thread per pod, A and B");
     let outsider = plain_member(&scene.cluster, "n");
@@ -155,7 +155,7 @@ fn each_pod_has_one_socket_thread_connections_create_no_threads_and_the_thread_e
     assert_eq!(created, 0, "the proxy created {created} threads for 60 connections");
     assert_eq!(threads_named(pid, SOCKET_THREAD), 2);
 
-    scene.cluster.api.delete("Pod", Some(NS), "b").expect("pod was stored");
+    scene.cluster.delete_pod(NS, "b", Some(&mut scene.b));
     eventually("B's socket thread ends with B's proxy", || (threads_named(pid, SOCKET_THREAD) == 1).then_some(()));
     assert_eq!(hello(&scene.a, to_outsider).expect("A's socket thread still serves A"), HELLO);
 }

@@ -178,8 +178,7 @@ fn the_agent_and_the_plugin_at_trace_log_no_token_and_no_certificate() {
     let _peer = ZdsPeer::connect(&agent);
     cluster.create(&ambient_pod(NS, "web"));
     let mut pod = cluster.add_with(ambient_conflist(&cluster), "web", NS).expect("ADD");
-    pod.del().expect("DEL");
-    cluster.api.delete("Pod", Some(NS), "web");
+    cluster.delete_pod(NS, "web", Some(&mut pod));
 
     let plugin_log = std::fs::read_to_string(cluster.run_dir().join("istio-cni.log")).unwrap_or_default();
     assert!(

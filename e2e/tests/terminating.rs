@@ -12,10 +12,9 @@ mod support;
 use std::io::{Read as _, Write as _};
 use std::net::Ipv4Addr;
 
-use fake_apiserver::{Config, FakeApiServer};
 use istio_contract::names;
 use serde_json::{json, Value};
-use testbed::mesh::{api_config, plain_pod, RuleBackend};
+use testbed::mesh::{plain_pod, RuleBackend};
 use testbed::node_agent::{
     ambient_conflist, ambient_pod, namespace, redirection, uid, NodeAgent, RequestKind, ZdsPeer, CONNMARK_RULE,
 };
@@ -23,7 +22,7 @@ use testbed::pod_process::PodProcess;
 use testbed::wait::eventually;
 use testbed::{Cluster, Pod};
 
-use support::{metric, Scene, NS};
+use support::{Scene, NS};
 
 const ENROLLED: &str = "nodeagent_enrolled_pods";
 const DELETES: &str = "nodeagent_reconcile_events_total{type=\"delete\"}";
@@ -34,21 +33,10 @@ const SHORT_GRACE: i64 = 2;
 /// A finalizer some controller of the pod holds.
 const FINALIZER: &str = "example.com/drain";
 
-/// A cluster whose API server deletes as a real one does (graceful deletion: `deletionTimestamp`, grace periods,
-/// finalizers), with namespace `NS` stored unlabelled and the agent running on its node.
+/// A cluster (whose API server deletes as a real one does: `deletionTimestamp`, grace periods, finalizers), with
+/// namespace `NS` stored unlabelled and the agent running on its node.
 fn graceful_node() -> (Cluster, NodeAgent) {
-    let mut c = Cluster::with_backend(RuleBackend::Nftables);
-    // The test cluster's server, restarted on the same address and state dir (the plugin's kubeconfig stays
-    // valid) with graceful deletion on.
-    let addr = c.api.addr();
-    drop(std::mem::replace(&mut c.api, FakeApiServer::start().expect("stand-in server")));
-    let node = c.node.netns().open().expect("open node netns");
-    let listener = eventually("the old server's address is free again", || {
-        node.run(|| std::net::TcpListener::bind(addr)).expect("enter node netns").ok()
-    });
-    let config = Config { graceful_deletion: true, ..api_config(&c.api_state_dir()) };
-    c.api = FakeApiServer::builder().config(config).listener(listener).start().expect("restart the API server");
-    c.seed_chart_rbac(&[]);
+    let c = Cluster::with_backend(RuleBackend::Nftables);
     c.api.upsert(namespace(NS, json!({}))).expect("store namespace");
     let agent = NodeAgent::start(&c, &[]);
     (c, agent)
@@ -76,8 +64,8 @@ fn in_probe_set(c: &Cluster, id: &str) -> bool {
 }
 
 /// Returns once the agent has handled every pod event the API server sent so far: stores a pod on this node and
-/// deletes it at once, then waits for the agent to count that deletion. The agent handles its pod events in
-/// order, each to the end, so every earlier one is done by then.
+/// deletes it at once (on purpose: no terminating phase, one DELETED event), then waits for the agent to count
+/// that deletion. The agent handles its pod events in order, each to the end, so every earlier one is done by then.
 fn settled(c: &Cluster, agent: &NodeAgent, marker: &str) {
     let before = agent.metric(DELETES).unwrap_or(0);
     c.create(&plain_pod(NS, marker));
@@ -251,10 +239,11 @@ fn set_running(c: &Cluster, name: &str, ip: Ipv4Addr) {
 /// down (the proxy still runs B's listeners, and A's bytes arrive through B's HBONE inbound).
 #[test]
 fn a_terminating_pod_still_takes_mesh_traffic() {
-    let scene = Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", &[]);
+    // Over HBONE, as from another node: B's inbound HBONE must still take it.
+    let scene = Scene::new(tempfile::tempdir().expect("scratch dir"), "b-sa", &[support::HBONE_ON_ONE_NODE]);
     let node = scene.cluster.node.netns().path();
-    let inbound = "istio_tcp_received_bytes_total{direction=\"inbound\",protocol=\"HBONE\"}";
-    let before = metric(&node, inbound).unwrap_or(0.0);
+    let inbound = || support::metrics::sum(&node, "istio_tcp_received_bytes_total", &support::metrics::hbone(false));
+    let before = inbound();
 
     scene.cluster.api.delete_gracefully("Pod", Some(NS), "b", Some(LONG_GRACE)).expect("pod stored");
     settled(&scene.cluster, &scene.agent, "marker-1");
@@ -272,7 +261,5 @@ fn a_terminating_pod_still_takes_mesh_traffic() {
     client.read_exact(&mut answer).unwrap_or_else(|e| panic!("A reads B's answer: {e}\n{}", scene.agent.log()));
     assert_eq!(&answer, b"bye");
     drop((client, conn)); // the proxy counts a connection's bytes when it ends
-    eventually("B's HBONE inbound counted A's bytes", || {
-        (metric(&node, inbound).unwrap_or(0.0) >= before + 10.0).then_some(())
-    });
+    eventually("B's HBONE inbound counted A's bytes", || (inbound() >= before + 10.0).then_some(()));
 }

@@ -74,9 +74,10 @@ impl WatchConfig {
     }
 }
 
-/// Everything that makes a fake server lenient or strict. `Config::default()` is the lenient server every
-/// existing test runs against; [`Config::strict`] behaves like a real kube-apiserver wherever our binaries
-/// could tell the difference.
+/// Everything that makes a fake server lenient or strict. `Config::default()` is the lenient server (this
+/// crate's tests of single behaviours start from it); [`Config::strict`] behaves like a real kube-apiserver
+/// wherever our binaries could tell the difference, and is what the workspace's test clusters run (with
+/// test-short watch times: `testbed::mesh::api_config`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Serve https with a certificate from the fake's own CA (created in [`Config::state_dir`] or in memory).

@@ -1,5 +1,6 @@
 //! The admin endpoint on 127.0.0.1 (Istio's port 15000): `/config_dump`, a JSON view of what the proxy runs —
-//! each pod's uid, name, namespace, netns, identity and certificate validity, and the pods still pending.
+//! each pod's uid, name, namespace, netns, identity and certificate validity, the pods still pending, and the
+//! workload directory (every workload the proxy knows, with ztunnel's field names and the source that listed it).
 
 use std::net::{Ipv4Addr, SocketAddr};
 

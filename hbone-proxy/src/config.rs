@@ -75,6 +75,11 @@ pub struct Config {
     #[arg(long, env = "HBONE_MAX_CONNECTIONS_PER_IDENTITY",
           default_value_t = hbone::ConnectionCaps::default().per_identity, value_parser = positive)]
     pub hbone_max_connections_per_identity: usize,
+    /// Whether a connection between two pods this proxy enrolled takes the same-node fast path: connected inside the
+    /// destination pod's netns directly, with the same identity and policy checks as HBONE but no TLS, since the
+    /// bytes never leave the node's kernel. `false` sends it over HBONE to the peer's 15008, as between nodes.
+    #[arg(long, env = "SAME_NODE_FAST_PATH", default_value_t = true, action = ArgAction::Set)]
+    pub same_node_fast_path: bool,
     /// Port of the admin endpoint (`/config_dump`) on 127.0.0.1.
     #[arg(long, env = "ADMIN_PORT", default_value_t = ports::ADMIN)]
     pub admin_port: u16,
@@ -139,6 +144,8 @@ mod tests {
         assert_eq!(config.common.termination_deadline, Duration::from_secs(5));
         assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
         assert_eq!(config.hbone_server_idle_timeout, hbone::server::DEFAULT_IDLE_TIMEOUT);
+        assert!(config.same_node_fast_path, "the same-node fast path is on by default");
+        assert!(!parse(&["--same-node-fast-path", "false"]).unwrap().same_node_fast_path);
         let caps = hbone::ConnectionCaps::default();
         assert_eq!(
             (config.hbone_max_connections, config.hbone_max_connections_per_identity),

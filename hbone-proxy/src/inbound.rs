@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::config::MtlsMode;
 use crate::context::PodContext;
 use crate::metrics::{Direction, HboneLimitLabels};
-use crate::traffic::{Peer, TrafficLabels};
+use crate::traffic::{Peer, Security, TrafficLabels};
 use crate::{refusal, sockets};
 
 /// Connects HBONE tunnels to the pod's apps.
@@ -28,7 +28,7 @@ impl ToApp {
     /// this pod as the server. Derived again when the tunnel ends, from the same request.
     fn labels(&self, req: &InboundRequest) -> TrafficLabels {
         let client = Peer::verified_client(&self.pod, req.peer.ip(), &req.peer_identity);
-        TrafficLabels::inbound(client, Peer::local(&self.pod), true)
+        TrafficLabels::inbound(client, Peer::local(&self.pod), Security::MutualTls)
     }
 }
 
@@ -166,7 +166,8 @@ pub async fn plaintext(pod: Arc<PodContext>, client: TcpStream, peer: SocketAddr
         Err("plaintext refused: MTLS_MODE=STRICT".to_owned())
     } else {
         let metrics = &pod.mesh.metrics;
-        let labels = TrafficLabels::inbound(Peer::plaintext_client(&pod, peer.ip()), Peer::local(&pod), false);
+        let labels =
+            TrafficLabels::inbound(Peer::plaintext_client(&pod, peer.ip()), Peer::local(&pod), Security::Plaintext);
         metrics.opened(&labels);
         let (result, flag) = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
             Ok(mut app) => (

@@ -5,6 +5,7 @@ mod admin;
 mod config;
 mod context;
 mod dns;
+mod fast_path;
 mod inbound;
 mod mesh;
 mod metrics;
@@ -13,6 +14,7 @@ mod pod;
 mod ratelimit;
 mod refusal;
 mod sockets;
+mod splice;
 mod traffic;
 mod workloads;
 
@@ -72,8 +74,15 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         termination_deadline: deadline,
         mtls_mode: config.mtls_mode,
         hbone: mesh::InboundHbone::new(&config),
+        same_node_fast_path: config.same_node_fast_path,
+        local_pods: fast_path::LocalPods::default(),
     });
-    tracing::info!(mode = ?config.mtls_mode, secret_ttl = ?config.secret_ttl, "mesh policy");
+    tracing::info!(
+        mode = ?config.mtls_mode,
+        secret_ttl = ?config.secret_ttl,
+        same_node_fast_path = config.same_node_fast_path,
+        "mesh policy"
+    );
     let workloads = Workloads::new(mesh, &ctx.probes);
     admin::serve(config.admin_port, workloads.view(), ctx.drain)
         .await

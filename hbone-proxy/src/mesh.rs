@@ -1,5 +1,5 @@
 //! The node-wide state every pod proxy shares: the CA that mints pod certificates, the mesh TLS policy,
-//! the workload directory, the DNS upstreams, the inbound HBONE limits and the metrics.
+//! the workload directory, the DNS upstreams, the inbound HBONE limits, the enrolled pods and the metrics.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use hbone::{ConnectionCaps, ConnectionLimiter, MeshCa, MeshTls};
 use crate::config::{Config, MtlsMode};
 use crate::directory::Directory;
 use crate::dns::Upstreams;
+use crate::fast_path::LocalPods;
 use crate::metrics::Metrics;
 use crate::ratelimit::{RateLimitedLog, REFUSAL_LOG_INTERVAL};
 
@@ -38,6 +39,10 @@ pub struct Mesh {
     pub mtls_mode: MtlsMode,
     /// The limits every pod's HBONE server shares.
     pub hbone: InboundHbone,
+    /// Whether connections between two enrolled pods take the same-node fast path (`SAME_NODE_FAST_PATH`).
+    pub same_node_fast_path: bool,
+    /// The enrolled pods by address: where the fast path finds a destination pod.
+    pub local_pods: LocalPods,
 }
 
 /// The limits of the HBONE servers on 15008, node-wide: every pod's inbound connections count against one budget.

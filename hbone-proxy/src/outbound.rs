@@ -1,6 +1,7 @@
 //! Outbound capture ([`ports::OUTBOUND`]): a connection the pod's app opened, redirected by the in-pod rules. Mesh
-//! destinations are reached over HBONE as the pod's identity; anything else is passed through as plain TCP
-//! from the pod's netns. Connections to the proxy itself are refused first ([`refusal`]).
+//! destinations are reached over HBONE as the pod's identity, or over the same-node fast path ([`fast_path`]) when
+//! this proxy enrolled the destination pod too; anything else is passed through as plain TCP from the pod's netns.
+//! Connections to the proxy itself are refused first ([`refusal`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,8 +15,8 @@ use tokio::net::TcpStream;
 use crate::context::PodContext;
 use crate::directory::Protocol;
 use crate::metrics::Direction;
-use crate::traffic::{Peer, TrafficLabels};
-use crate::{refusal, sockets};
+use crate::traffic::{Peer, Security, TrafficLabels};
+use crate::{fast_path, refusal, sockets};
 
 /// Proxies one captured outbound connection until both sides are done.
 pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
@@ -29,7 +30,7 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
     if listed.as_ref().is_some_and(|d| d.workload.protocol != Protocol::Hbone && d.workload.require_mtls) {
         // Never in plaintext: the app's connection is reset instead of being passed through.
         sockets::reset(app);
-        let labels = TrafficLabels::outbound(Peer::local(&pod), destination_peer, false);
+        let labels = TrafficLabels::outbound(Peer::local(&pod), destination_peer, Security::Plaintext);
         pod.mesh.metrics.opened(&labels);
         pod.mesh.metrics.closed(&labels, telemetry::RESPONSE_FLAG_DENIED, 0, 0);
         tracing::info!(
@@ -45,12 +46,18 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
         return;
     }
     let destination = listed.filter(|d| d.workload.protocol == Protocol::Hbone);
+    if let Some(d) = &destination {
+        if let Some(server) = fast_path::target(&pod, dst, d) {
+            return fast_path::carry(&pod, server, app, peer, dst, d).await;
+        }
+    }
     let (protocol, dst_identity) = match &destination {
         Some(d) => ("HBONE", d.identity.to_string()),
         None => ("TCP", String::new()),
     };
     let metrics = &pod.mesh.metrics;
-    let labels = TrafficLabels::outbound(Peer::local(&pod), destination_peer, destination.is_some());
+    let security = if destination.is_some() { Security::MutualTls } else { Security::Plaintext };
+    let labels = TrafficLabels::outbound(Peer::local(&pod), destination_peer, security);
     metrics.opened(&labels);
     let result = match destination {
         Some(d) => {

@@ -157,6 +157,7 @@ impl PodProxy {
             listeners.spawn(dns::serve_udp(forwarder.clone(), udp));
         }
         tracing::info!(uid, %identity, ?ips, "pod proxy started");
+        mesh.local_pods.insert(&ctx);
         Ok(PodProxy {
             netns_id,
             ctx,
@@ -190,6 +191,14 @@ impl PodProxy {
     /// The (dev, ino) of the pod's netns: an Add with the same one is a no-op.
     pub fn netns_id(&self) -> (u64, u64) {
         self.netns_id
+    }
+}
+
+impl Drop for PodProxy {
+    /// The pod is no destination of the same-node fast path any more: new connections to it take HBONE, and find
+    /// its listeners closed.
+    fn drop(&mut self) {
+        self.ctx.mesh.local_pods.remove(&self.ctx);
     }
 }
 

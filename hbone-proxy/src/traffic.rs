@@ -81,6 +81,28 @@ impl Peer {
     }
 }
 
+/// How a connection was carried, as its `connection_security_policy` label says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Security {
+    /// Over HBONE: mutual TLS proved the client's identity.
+    MutualTls,
+    /// Over the same-node fast path ([`crate::fast_path`]): no TLS, both identities known from the pods' enrollment.
+    SameNode,
+    /// In plaintext: no identity proved.
+    Plaintext,
+}
+
+impl Security {
+    /// The label value.
+    fn policy(self) -> &'static str {
+        match self {
+            Security::MutualTls => telemetry::SECURITY_POLICY_MUTUAL_TLS,
+            Security::SameNode => telemetry::SECURITY_POLICY_SAME_NODE,
+            Security::Plaintext => telemetry::SECURITY_POLICY_UNKNOWN,
+        }
+    }
+}
+
 /// The labels of one connection's `istio_tcp_*` series.
 #[derive(Debug, Clone, Hash, PartialEq, Eq)]
 pub struct TrafficLabels {
@@ -92,28 +114,28 @@ pub struct TrafficLabels {
     pub destination: Peer,
     /// [`telemetry::RESPONSE_FLAGS_NONE`] or the flag of what went wrong.
     pub response_flags: &'static str,
-    /// [`telemetry::SECURITY_POLICY_MUTUAL_TLS`] over HBONE, else [`telemetry::SECURITY_POLICY_UNKNOWN`].
+    /// [`telemetry::SECURITY_POLICY_MUTUAL_TLS`] over HBONE, [`telemetry::SECURITY_POLICY_SAME_NODE`] over the
+    /// same-node fast path, else [`telemetry::SECURITY_POLICY_UNKNOWN`].
     pub security_policy: &'static str,
 }
 
 impl TrafficLabels {
-    /// What the client's proxy reports; over HBONE (`mtls`) the client's principal is the pod's own identity, as
-    /// its certificate proves it to the server.
-    pub fn outbound(mut source: Peer, destination: Peer, mtls: bool) -> Self {
-        if !mtls {
+    /// What the client's proxy reports; over HBONE the client's principal is the pod's own identity, as its
+    /// certificate proves it to the server (over the fast path, as its enrollment does); in plaintext there is none.
+    pub fn outbound(mut source: Peer, destination: Peer, security: Security) -> Self {
+        if security == Security::Plaintext {
             source.principal = None;
         }
-        Self::new(telemetry::REPORTER_SOURCE, source, destination, mtls)
+        Self::new(telemetry::REPORTER_SOURCE, source, destination, security)
     }
 
     /// What the server's proxy reports.
-    pub fn inbound(source: Peer, destination: Peer, mtls: bool) -> Self {
-        Self::new(telemetry::REPORTER_DESTINATION, source, destination, mtls)
+    pub fn inbound(source: Peer, destination: Peer, security: Security) -> Self {
+        Self::new(telemetry::REPORTER_DESTINATION, source, destination, security)
     }
 
-    fn new(reporter: &'static str, source: Peer, destination: Peer, mtls: bool) -> Self {
-        let security_policy =
-            if mtls { telemetry::SECURITY_POLICY_MUTUAL_TLS } else { telemetry::SECURITY_POLICY_UNKNOWN };
+    fn new(reporter: &'static str, source: Peer, destination: Peer, security: Security) -> Self {
+        let security_policy = security.policy();
         TrafficLabels { reporter, source, destination, response_flags: telemetry::RESPONSE_FLAGS_NONE, security_policy }
     }
 
@@ -182,7 +204,7 @@ mod tests {
             principal: Some("spiffe://td/ns/ns/sa/web".into()),
             cluster: Some("Kubernetes".into()),
         };
-        let labels = TrafficLabels::outbound(source, Peer::default(), false);
+        let labels = TrafficLabels::outbound(source, Peer::default(), Security::Plaintext);
         let names: Vec<&str> = labels.pairs().iter().map(|(name, _)| *name).collect();
         assert_eq!(names, telemetry::TRAFFIC_LABELS);
 
@@ -206,10 +228,20 @@ mod tests {
 
     #[test]
     fn a_flag_changes_only_the_response_flags() {
-        let labels = TrafficLabels::inbound(Peer::default(), Peer::default(), true);
+        let labels = TrafficLabels::inbound(Peer::default(), Peer::default(), Security::MutualTls);
         let flagged = labels.flagged(telemetry::RESPONSE_FLAG_CONNECTION_FAILURE);
         assert_eq!(flagged.response_flags, "CONNECT");
         assert_eq!(TrafficLabels { response_flags: labels.response_flags, ..flagged }, labels);
         assert_eq!((labels.reporter, labels.security_policy), ("destination", "mutual_tls"));
+    }
+
+    #[test]
+    fn the_fast_path_keeps_the_clients_principal_under_its_own_policy() {
+        let source = Peer { principal: Some("spiffe://td/ns/ns/sa/web".into()), ..Peer::default() };
+        let labels = TrafficLabels::outbound(source.clone(), Peer::default(), Security::SameNode);
+        assert_eq!(labels.security_policy, "same_node");
+        assert_eq!(labels.source.principal, source.principal, "the enrollment proves who the client is");
+        let plaintext = TrafficLabels::outbound(source, Peer::default(), Security::Plaintext);
+        assert_eq!((plaintext.security_policy, plaintext.source.principal), ("unknown", None));
     }
 }

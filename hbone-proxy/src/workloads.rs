@@ -25,6 +25,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often pods whose proxy failed to start are tried again.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+/// The most directory workloads `/config_dump` lists (a cluster-wide source can hold many more); the rest are
+/// only counted, so the dump stays small whatever the cluster's size.
+pub const MAX_DUMPED_WORKLOADS: usize = 1000;
 /// Why the proxy is not ready before it has a snapshot.
 const WAITING_FOR_SNAPSHOT: &str = "waiting for the node agent's snapshot";
 
@@ -116,9 +119,18 @@ impl Workloads {
         }
     }
 
-    /// What `/config_dump` shows: every running pod (uid, name, namespace, netns, identity, certificate expiry)
-    /// and every pending one with its last error.
+    /// What `/config_dump` shows: every running pod (uid, name, namespace, netns, identity, certificate expiry),
+    /// every pending one with its last error, and the workload directory (at most [`MAX_DUMPED_WORKLOADS`]
+    /// workloads, each with the source that listed it, plus every source's counts).
     pub fn dump(&self) -> Value {
+        let directory = self.inner.mesh.directory.listing(MAX_DUMPED_WORKLOADS);
+        let mut workloads = serde_json::to_value(&directory.workloads).unwrap_or_default();
+        // Listed without a cluster: the proxy's own, as the traffic metrics label them.
+        for workload in workloads.as_array_mut().into_iter().flatten() {
+            if workload["clusterId"].as_str().is_some_and(str::is_empty) {
+                workload["clusterId"] = json!(self.inner.mesh.cluster_id);
+            }
+        }
         let state = self.lock();
         let mut pods: Vec<Value> = state.pods.iter().map(|(uid, pod)| pod.dump(uid)).collect();
         pods.sort_by(|a, b| a["uid"].as_str().cmp(&b["uid"].as_str()));
@@ -135,7 +147,10 @@ impl Workloads {
             })
             .collect();
         pending.sort_by(|a, b| a["uid"].as_str().cmp(&b["uid"].as_str()));
-        json!({ "trust_domain": self.inner.mesh.trust_domain(), "pods": pods, "pending": pending, "synced": state.synced })
+        json!({
+            "trust_domain": self.inner.mesh.trust_domain(), "pods": pods, "pending": pending, "synced": state.synced,
+            "workloads": workloads, "workload_sources": directory.sources, "workloads_omitted": directory.omitted,
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -59,7 +59,8 @@ pub mod label {
     pub const REQUEST_PROTOCOL: &str = "request_protocol";
     /// Why a connection failed: [`super::RESPONSE_FLAGS_NONE`] or a flag.
     pub const RESPONSE_FLAGS: &str = "response_flags";
-    /// [`super::SECURITY_POLICY_MUTUAL_TLS`] over HBONE, else [`super::SECURITY_POLICY_UNKNOWN`].
+    /// [`super::SECURITY_POLICY_MUTUAL_TLS`] over HBONE, [`super::SECURITY_POLICY_SAME_NODE`] over the same-node
+    /// fast path, else [`super::SECURITY_POLICY_UNKNOWN`].
     pub const CONNECTION_SECURITY_POLICY: &str = "connection_security_policy";
 }
 
@@ -106,6 +107,10 @@ pub const RESPONSE_FLAG_DENIED: &str = "DENY";
 pub const SECURITY_POLICY_MUTUAL_TLS: &str = "mutual_tls";
 /// `connection_security_policy` of a plaintext connection.
 pub const SECURITY_POLICY_UNKNOWN: &str = "unknown";
+/// `connection_security_policy` of a connection between two pods enrolled in the same node proxy, carried by its
+/// same-node fast path: no TLS (the bytes never leave the node's kernel), both identities known from the pods'
+/// enrollment. Ours: ztunnel has no such path, so no value for it.
+pub const SECURITY_POLICY_SAME_NODE: &str = "same_node";
 /// The value of any label nothing is known for (an address outside the mesh, a service never resolved).
 pub const UNKNOWN: &str = "unknown";
 /// The cluster id ztunnel (and istiod) use when `CLUSTER_ID` is not set.

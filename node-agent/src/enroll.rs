@@ -19,7 +19,7 @@
 //! end-to-end tests (`testbed::node_agent::EnrollmentPause`) delete a pod at each stage this way; they run the
 //! `target/debug` binaries. Release builds (`--release`, the image) compile none of it and ignore both variables.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -91,6 +91,22 @@ pub enum EnrollError {
         /// The annotation at fault and why.
         source: istio_contract::validate::SettingsError,
     },
+    /// The plugin's enrollment task ended without an answer (it panicked).
+    #[error("pod {pod}: enrollment task: {reason}")]
+    Task {
+        /// namespace/name.
+        pod: String,
+        /// Why the task ended.
+        reason: String,
+    },
+    /// The plugin's enrollment took so long that the plugin may have given up on it: undone, as a failure.
+    #[error("pod {pod}: enrollment ended {late:?} after the plugin's answer deadline: not enrolled (undone)")]
+    TooLate {
+        /// namespace/name.
+        pod: String,
+        /// How long after the deadline it ended.
+        late: std::time::Duration,
+    },
     /// The pod was deleted before or while it was being enrolled: refused, and whatever was done undone.
     #[error("pod {pod} (uid {uid}) was deleted: not enrolled (stopped before {stage}, nothing left behind)")]
     Deleted {
@@ -145,6 +161,19 @@ struct Done {
     probe: bool,
 }
 
+/// What a failed enrollment leaves in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnFailure {
+    /// What was done stays, for a retry (the watch's path: the pod runs on).
+    Keep,
+    /// Everything done is undone (the plugin's path: the runtime tears the sandbox down), also when the
+    /// enrollment ends after `answer_by`.
+    Undo {
+        /// When the plugin may have stopped waiting for the answer.
+        answer_by: Instant,
+    },
+}
+
 /// Performs enrollments; shared by the plugin event server, the pod watcher and startup.
 pub struct Enroller {
     config: Config,
@@ -155,6 +184,9 @@ pub struct Enroller {
     hostprobe: Arc<HostProbe>,
     metrics: Metrics,
     gate: PodGate,
+    /// Enrolled pods (the proxy acked them) whose annotation failed: the watch's retry annotates them
+    /// ([`Enroller::annotate_pending`]); nothing else would, since they are enrolled.
+    unannotated: std::sync::Mutex<HashSet<String>>,
     #[cfg(debug_assertions)]
     pause: Option<pause::Pause>,
 }
@@ -200,6 +232,7 @@ impl Enroller {
             hostprobe: Arc::new(hostprobe),
             metrics,
             gate: PodGate::default(),
+            unannotated: std::sync::Mutex::default(),
             #[cfg(debug_assertions)]
             pause: pause::Pause::from_env(),
         })
@@ -247,56 +280,121 @@ impl Enroller {
 
     /// Enrolls `pod`, whose netns is `netns`, and answers only when every step is done (or failed). Holds the
     /// pod's pass throughout, so a removal of it waits; fails with [`EnrollError::Deleted`] (after undoing its
-    /// steps) when the pod was deleted before or during it.
+    /// steps) when the pod was deleted before or during it. A pod that fails a later step stays in the cache
+    /// (and at the proxy), for the watch's retry: it runs meanwhile, and its traffic needs the proxy.
     pub async fn enroll(&self, pod: &Pod, netns: Netns, ips: Vec<IpAddr>) -> Result<(), EnrollError> {
+        self.enroll_with(pod, netns, ips, OnFailure::Keep).await
+    }
+
+    /// Like [`Enroller::enroll`], for the plugin's ADD: all or nothing. A failure undoes what was done (cache
+    /// entry, proxy Del, host probe entry) before it is answered, because the failed ADD makes the runtime tear
+    /// the sandbox down: a pod kept would hold its netns, and the proxy run it, until the pod is deleted. So does
+    /// an enrollment that ends after `answer_by`, when the plugin may have given up on the answer
+    /// ([`cni::plugin_event::AGENT_ANSWER_DEADLINE`]); its annotation is taken back too.
+    ///
+    /// The enrollment runs in a task of its own: the plugin's request ends when the plugin stops waiting, and the
+    /// enrollment must not be cut off at whatever step it had reached then, with nothing undone.
+    pub async fn enroll_for_plugin(
+        self: &Arc<Self>,
+        pod: &Pod,
+        netns: Netns,
+        ips: Vec<IpAddr>,
+        answer_by: Instant,
+    ) -> Result<(), EnrollError> {
+        let (enroller, owned) = (self.clone(), pod.clone());
+        let task =
+            tokio::spawn(async move { enroller.enroll_with(&owned, netns, ips, OnFailure::Undo { answer_by }).await });
+        task.await.unwrap_or_else(|e| Err(EnrollError::Task { pod: key(pod), reason: e.to_string() }))
+    }
+
+    async fn enroll_with(
+        &self,
+        pod: &Pod,
+        netns: Netns,
+        ips: Vec<IpAddr>,
+        on_failure: OnFailure,
+    ) -> Result<(), EnrollError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let span = tracing::info_span!("enroll", pod = %key(pod), uid = %uid);
         async {
             let _pass = self.gate.enter(&uid).await;
-            self.enroll_steps(pod, netns, ips).await
+            let mut done = Done::default();
+            let mut result = self.enroll_steps(pod, netns, &ips, &mut done, on_failure).await;
+            let OnFailure::Undo { answer_by } = on_failure else { return result };
+            let now = Instant::now();
+            if result.is_ok() && now > answer_by {
+                let late = now.duration_since(answer_by);
+                result = Err(EnrollError::TooLate { pod: key(pod), late });
+                if let Err(e) = self.annotate_remove(pod).await {
+                    tracing::warn!(error = %e, "taking back the annotation of an enrollment done too late");
+                }
+            }
+            match &result {
+                // A deletion was rolled back at its checkpoint already.
+                Err(EnrollError::Deleted { .. }) | Ok(()) => {}
+                Err(error) => {
+                    self.undo(&uid, &ips, &done).await;
+                    tracing::info!(%error, "enrollment for the plugin failed: rolled back");
+                }
+            }
+            result
         }
         .instrument(span)
         .await
     }
 
-    async fn enroll_steps(&self, pod: &Pod, netns: Netns, ips: Vec<IpAddr>) -> Result<(), EnrollError> {
+    async fn enroll_steps(
+        &self,
+        pod: &Pod,
+        netns: Netns,
+        ips: &[IpAddr],
+        done: &mut Done,
+        on_failure: OnFailure,
+    ) -> Result<(), EnrollError> {
+        let ips = ips.to_vec();
         let name = key(pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let mut done = Done::default();
-        self.checkpoint(Stage::Rules, pod, &ips, &done).await?;
+        self.checkpoint(Stage::Rules, pod, &ips, done).await?;
         let started = Instant::now();
         let fd = netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() })?;
         self.program_rules(pod, netns).await?;
         self.metrics.phase("rules", started);
 
-        self.checkpoint(Stage::Proxy, pod, &ips, &done).await?;
+        self.checkpoint(Stage::Proxy, pod, &ips, done).await?;
         let started = Instant::now();
         let info = workload_info(pod);
         let fd = Arc::new(fd);
         self.cache.insert(Enrolled { uid: uid.clone(), info: info.clone(), ips: ips.clone(), netns: Some(fd.clone()) });
         done.proxy = true;
+        self.metrics.enrolled_pods.set(self.cache.count() as i64);
         if let Err(source) = self.zds.add(&uid, info, fd.as_ref()).await {
             // Deleted meanwhile: the deletion wins over the proxy's answer.
-            self.checkpoint(Stage::Probe, pod, &ips, &done).await?;
-            self.annotate(pod, "pending").await.ok();
+            self.checkpoint(Stage::Probe, pod, &ips, done).await?;
+            if on_failure == OnFailure::Keep {
+                self.annotate(pod, "pending").await.ok();
+            }
             return Err(EnrollError::Proxy { pod: name, source });
         }
         self.metrics.phase("proxy_ack", started);
 
-        self.checkpoint(Stage::Probe, pod, &ips, &done).await?;
+        self.checkpoint(Stage::Probe, pod, &ips, done).await?;
         done.probe = true;
         if let Err(e) = self.probe_add(&uid, &ips).await {
             tracing::error!(error = %e, "host probe set");
         }
-        self.checkpoint(Stage::Annotate, pod, &ips, &done).await?;
+        self.checkpoint(Stage::Annotate, pod, &ips, done).await?;
         let started = Instant::now();
         if let Err(e) = self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await {
             // A deleted pod cannot be annotated: that is the deletion, not an API failure.
-            self.checkpoint(Stage::Enrolled, pod, &ips, &done).await?;
+            self.checkpoint(Stage::Enrolled, pod, &ips, done).await?;
+            if on_failure == OnFailure::Keep {
+                self.unannotated().insert(uid.clone());
+            }
             return Err(e);
         }
+        self.unannotated().remove(&uid);
         self.metrics.phase("annotate", started);
-        self.checkpoint(Stage::Enrolled, pod, &ips, &done).await?;
+        self.checkpoint(Stage::Enrolled, pod, &ips, done).await?;
         self.metrics.enrolled_pods.set(self.cache.count() as i64);
         tracing::info!(?ips, "enrolled");
         Ok(())
@@ -313,12 +411,41 @@ impl Enroller {
         if !self.gate.is_deleted(uid) {
             return Ok(());
         }
+        self.undo(uid, ips, done).await;
+        tracing::info!(stage = stage.name(), "pod deleted during its enrollment: refused and rolled back");
+        Err(EnrollError::Deleted { pod: key(pod), uid: uid.to_string(), stage: stage.name() })
+    }
+
+    /// Annotates `pod` `enabled` if it is enrolled but its annotation failed at its enrollment (a no-op
+    /// otherwise): the watch's reconciliation of an enrolled pod calls it, and retries it with backoff when it
+    /// fails, so the annotation, which other nodes' proxies find the pod by, is not lost to one failed request.
+    pub async fn annotate_pending(&self, pod: &Pod) -> Result<(), EnrollError> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if !self.unannotated().contains(&uid) {
+            return Ok(());
+        }
+        let _pass = self.gate.enter(&uid).await;
+        if !self.unannotated().contains(&uid) || self.cache.get(&uid).is_none() {
+            return Ok(());
+        }
+        self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await?;
+        self.unannotated().remove(&uid);
+        tracing::info!(pod = %key(pod), uid = %uid, "annotated after a failed attempt");
+        Ok(())
+    }
+
+    fn unannotated(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.unannotated.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Undoes what an enrollment of pod `uid` has `done`: out of the cache (first, so a proxy connecting now gets
+    /// a snapshot without it) and the proxy's Del, then the host probe entry.
+    async fn undo(&self, uid: &str, ips: &[IpAddr], done: &Done) {
         if done.proxy {
-            // Out of the cache first, so a proxy connecting now gets a snapshot without it.
             self.cache.remove(uid);
             self.metrics.enrolled_pods.set(self.cache.count() as i64);
             if let Err(e) = self.zds.del(uid).await {
-                tracing::warn!(error = %e, "proxy Del of the deleted pod");
+                tracing::warn!(error = %e, "proxy Del of a pod not enrolled after all");
             }
         }
         if done.probe {
@@ -326,8 +453,6 @@ impl Enroller {
                 tracing::error!(error = %e, "host probe set");
             }
         }
-        tracing::info!(stage = stage.name(), "pod deleted during its enrollment: refused and rolled back");
-        Err(EnrollError::Deleted { pod: key(pod), uid: uid.to_string(), stage: stage.name() })
     }
 
     /// Adds pod `uid`'s `ips` to the host probe set, on a blocking thread (it enters the host netns and talks
@@ -399,6 +524,7 @@ impl Enroller {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let name = key(pod);
         let _pass = self.gate.enter(&uid).await;
+        self.unannotated().remove(&uid);
         let Some(entry) = self.cache.remove(&uid) else { return Ok(()) };
         if let Err(e) = self.probe_remove(&uid, &entry.ips).await {
             tracing::error!(pod = %name, error = %e, "host probe set");

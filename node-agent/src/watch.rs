@@ -330,6 +330,8 @@ impl State {
             (true, false) if terminating(pod) => Ok(()),
             (true, false) => self.enroll_running(pod, scanned).await,
             (false, true) => self.enroller.remove(pod, terminal(pod)).await.map_err(|e| e.to_string()),
+            // Enrolled: only an annotation that failed at the enrollment is still to do (retried with backoff).
+            (true, true) if !terminating(pod) => self.enroller.annotate_pending(pod).await.map_err(|e| e.to_string()),
             _ => Ok(()),
         };
         match result {

@@ -12,6 +12,7 @@ use crate::node_agent::NodeAgent;
 use crate::wait::eventually;
 use crate::{bins, chart, Cluster};
 use istio_contract::ports;
+use serde_json::Value;
 
 /// The file in the proxy's dir holding the kubeconfig of its service account.
 const KUBECONFIG: &str = "hbone-proxy.kubeconfig";
@@ -19,11 +20,19 @@ const KUBECONFIG: &str = "hbone-proxy.kubeconfig";
 pub const KUBE_WORKLOADS_OFF: (&str, &str) = ("KUBE_WORKLOADS", "false");
 /// The path the proxy's Kubernetes source lists and watches: every pod of the cluster.
 const PODS_PATH: &str = "/api/v1/pods";
+/// The `source` the proxy's `/config_dump` gives workloads from its local workloads file.
+pub const LOCAL_FILE_SOURCE: &str = "local-file";
+/// The `source` the proxy's `/config_dump` gives workloads from its Kubernetes source (enrolled Pod objects).
+pub const KUBERNETES_SOURCE: &str = "kubernetes";
 
 /// The `hbone-proxy` binary running in the node netns; killed on drop, its log printed if the test failed.
 pub struct Proxy {
     child: Child,
     log: PathBuf,
+    /// The node netns it runs in, where its admin endpoint listens on loopback.
+    netns: PathBuf,
+    /// Its admin port (`ADMIN_PORT`, Istio's 15000 unless the test set another).
+    admin_port: u16,
 }
 
 impl Proxy {
@@ -109,8 +118,12 @@ impl Proxy {
         }
         let node = cluster.node.netns().open().expect("open node netns");
         let child = node.run(|| cmd.spawn()).expect("enter node netns").expect("spawn hbone-proxy");
-        let mut proxy = Proxy { child, log };
         let netns = cluster.node.netns().path();
+        let admin_port = env
+            .iter()
+            .find(|(name, _)| *name == "ADMIN_PORT")
+            .map_or(ports::ADMIN, |(_, port)| port.parse().unwrap_or_else(|e| panic!("ADMIN_PORT={port}: {e}")));
+        let mut proxy = Proxy { child, log, netns: netns.clone(), admin_port };
         eventually("hbone-proxy serves /metrics", || {
             proxy.assert_running();
             crate::http::get(&netns, ports::STATS, "/metrics").ok().map(|_| ())
@@ -125,11 +138,29 @@ impl Proxy {
         proxy
     }
 
-    /// How many addresses the proxy's Kubernetes workload source last put into its directory (from its log).
+    /// How many addresses the proxy's Kubernetes workload source holds in its directory, as its `/config_dump`
+    /// counts them; `None` while the dump does not answer or the source has listed nothing yet.
     pub fn kubernetes_addresses(&self) -> Option<usize> {
-        let log = self.log();
-        let line = log.lines().rev().find(|l| l.contains("workload directory updated source=\"kubernetes\""))?;
-        line.split_once("addresses=")?.1.split_whitespace().next()?.parse().ok()
+        let dump = self.config_dump()?;
+        let addresses = dump["workload_sources"][KUBERNETES_SOURCE]["addresses"].as_u64()?;
+        usize::try_from(addresses).ok()
+    }
+
+    /// The workloads the proxy's `/config_dump` lists from `source` ([`LOCAL_FILE_SOURCE`] or
+    /// [`KUBERNETES_SOURCE`]), in ztunnel's shape (`uid`, `name`, `namespace`, `serviceAccount`, `workloadIps`,
+    /// ...); `None` while the dump does not answer.
+    pub fn listed_workloads(&self, source: &str) -> Option<Vec<Value>> {
+        let dump = self.config_dump()?;
+        let listed = dump["workloads"].as_array()?;
+        Some(listed.iter().filter(|w| w["source"] == source).cloned().collect())
+    }
+
+    /// The proxy's `/config_dump`, parsed; `None` while it does not answer 200 with JSON.
+    pub fn config_dump(&self) -> Option<Value> {
+        match crate::http::get(&self.netns, self.admin_port, "/config_dump") {
+            Ok((200, body)) => serde_json::from_str(&body).ok(),
+            _ => None,
+        }
     }
 
     /// Panics with the log if the proxy exited.

@@ -4,11 +4,14 @@
 //! The API server is as strict as a real one about who may do what: https with its own CA, a bearer token on
 //! every request, and the chart's own RBAC ([`CHART_SETS`]), so each binary connects with the credentials it
 //! has in production (its service account's token and the cluster CA) and a request the chart does not grant
-//! gets 403. Deletion and watches stay lenient unless a test asks for more.
+//! gets 403. Deletion and watches have the real server's shape too ([`api_config`]): a pod DELETE only marks the
+//! pod terminating until its kubelet's final delete ([`Cluster::delete_pod`]), and every watch ends within
+//! seconds and may have to relist.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use fake_apiserver::{Config, FakeApiServer, RequestRecord};
+use fake_apiserver::{Config, FakeApiServer, RequestRecord, WatchConfig};
 use serde_json::{json, Value};
 
 use crate::chart::{self, Rendered};
@@ -60,16 +63,37 @@ impl RuleBackend {
 /// the chart's default ([`Cluster::seed_chart_rbac`] adds more).
 pub const CHART_SETS: [&str; 2] = ["ambient.enabled=true", "proxy.enabled=true"];
 
-/// The fake API server's configuration for test clusters: https with its own CA, a bearer token required and
-/// RBAC enforced, the CA and token key kept in `state_dir` (so a server restarted there is trusted by the
-/// running binaries and accepts their tokens). Deletion is instant and watches lenient.
+/// The server-side watch timeout of test clusters: each watch ends after a random time in `[5s, 10s]`, so
+/// every client re-watches many times in a test, as it does over hours in production.
+pub const WATCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a test cluster's watch that asked for bookmarks gets one (the real server: about a minute, well
+/// under its history's age; here well under [`HISTORY_AGE`] and [`WATCH_TIMEOUT`]).
+pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a test cluster keeps events for watches to resume from (the real server's watch cache: about 75
+/// seconds): a client that re-watches from an older resourceVersion (stopped, partitioned, or never asking for
+/// bookmarks while nothing it watches changes) gets 410 and must relist within a test.
+pub const HISTORY_AGE: Duration = Duration::from_secs(15);
+
+/// The fake API server's configuration for test clusters: as strict as a real kube-apiserver
+/// ([`Config::strict`]): https with its own CA, a bearer token required, RBAC enforced, graceful deletion
+/// (a pod DELETE sets `deletionTimestamp`; the pod goes only after its grace period or its kubelet's final
+/// delete, [`Cluster::delete_pod`]), the real server's field selectors, and watches shaped like the real
+/// server's with test-short times: each ends within [`WATCH_TIMEOUT`] to twice that, bookmarks every
+/// [`BOOKMARK_INTERVAL`] only when asked for, history compacted after [`HISTORY_AGE`], and resourceVersions it
+/// never issued answered with 410. The CA and token key are kept in `state_dir`, so a server restarted there is
+/// trusted by the running binaries and accepts their tokens (while every resourceVersion the previous server
+/// handed out is expired there: clients relist, as after a real restart on a restored store).
 pub fn api_config(state_dir: &Path) -> Config {
+    let strict = Config::strict();
     Config {
-        tls: true,
-        authentication: true,
-        rbac: true,
         state_dir: Some(state_dir.to_path_buf()),
-        ..Config::default()
+        watch: WatchConfig {
+            min_timeout: Some(WATCH_TIMEOUT),
+            bookmark_interval: BOOKMARK_INTERVAL,
+            history_age: Some(HISTORY_AGE),
+            ..strict.watch
+        },
+        ..strict
     }
 }
 
@@ -208,6 +232,28 @@ impl Cluster {
     pub fn run(&self, pod: &Value) -> Pod {
         self.create(pod);
         self.add(pod).unwrap_or_else(|e| panic!("CNI ADD of {} failed: {e}", pod["metadata"]["name"]))
+    }
+
+    /// Deletes pod `namespace/name` the way `kubectl delete` and the pod's kubelet do it together on a real
+    /// node: a graceful DELETE (the pod's own grace period; the API server sets `deletionTimestamp` and watchers
+    /// see MODIFIED), then the kubelet stops the pod: the runtime's CNI DEL of `sandbox`, the pod the testbed
+    /// runs (`None` when no sandbox runs, or when the test keeps it running on purpose), then its final DELETE
+    /// with grace period 0 (DELETED, unless a finalizer still holds the pod). Returns the pod's state after the
+    /// graceful DELETE (with `deletionTimestamp`).
+    ///
+    /// The test cluster's server deletes gracefully, so this is how tests delete pods. A test that needs the pod
+    /// gone at once, with no terminating phase, says so by calling `api.delete` (the fake's test control).
+    #[track_caller]
+    pub fn delete_pod(&self, namespace: &str, name: &str, sandbox: Option<&mut Pod>) -> Value {
+        let terminating = self
+            .api
+            .delete_gracefully("Pod", Some(namespace), name, None)
+            .unwrap_or_else(|| panic!("no pod {namespace}/{name} to delete"));
+        if let Some(pod) = sandbox {
+            pod.del().unwrap_or_else(|e| panic!("CNI DEL of pod {namespace}/{name}: {e}"));
+        }
+        self.api.delete_gracefully("Pod", Some(namespace), name, Some(0));
+        terminating
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod capture;
 pub mod mesh_client;
+pub mod metrics;
 pub mod traffic;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -18,6 +19,7 @@ use testbed::wait::eventually;
 use testbed::{Cluster, NetnsGuard, Pod};
 
 pub use testbed::hbone_proxy::Proxy;
+use testbed::hbone_proxy::LOCAL_FILE_SOURCE;
 
 /// Namespace of the scene's pods.
 pub const NS: &str = "shop";
@@ -27,6 +29,9 @@ pub const TD: &str = "cluster.local";
 pub const APP_PORT: u16 = 8080;
 /// B's service account: the identity its Pod object gives it and its certificate proves.
 pub const B_SA: &str = "b-sa";
+/// The proxy setting that turns its same-node fast path off, for the tests of HBONE itself between two pods of one
+/// node: with the fast path on, their connections never reach 15008 (`e2e/tests/proxy_fast_path.rs`).
+pub const HBONE_ON_ONE_NODE: (&str, &str) = ("SAME_NODE_FAST_PATH", "false");
 
 /// Which address families the scene's pods get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +45,12 @@ pub enum Stack {
 /// A GET from inside `netns` to 127.0.0.1:`port`: (status, body).
 pub fn http_get(netns: &Path, port: u16, path: &str) -> Option<(u16, String)> {
     testbed::http::get(netns, port, path).ok()
+}
+
+/// Whether the proxy whose readiness port is `port` (in `netns`) has stopped being ready, as the kubelet's probe
+/// sees a drain: `/healthz/ready` answers 503, or its listener is closed.
+pub fn unready(netns: &Path, port: u16) -> bool {
+    http_get(netns, port, "/healthz/ready").is_none_or(|(status, _)| status == 503)
 }
 
 /// The value on the line of the proxy's `/metrics` (in `netns`) that starts with `line_prefix`.
@@ -104,16 +115,28 @@ pub fn conflist_for(cluster: &Cluster, stack: Stack) -> Value {
     list
 }
 
-/// Writes `workloads` to the local workloads file `path` of `proxy` and waits until the proxy loaded it.
+/// Writes `workloads` to the local workloads file `path` of `proxy` and waits until the proxy's `/config_dump`
+/// lists exactly them from that file: as many workloads, each with every field as written (its addresses among
+/// them), so a rewrite that changes one field only (`requireMtls`, say) is waited for too.
 pub fn write_workloads(proxy: &Proxy, path: &Path, workloads: Vec<Value>) {
-    let addresses: usize = workloads.iter().map(|w| w["workloadIps"].as_array().map_or(0, Vec::len)).sum();
-    let loaded = format!("workload directory updated source=\"local-file\" addresses={addresses}");
-    let before = proxy.log().matches(&loaded).count();
     let listing = json!({ "workloads": workloads });
     std::fs::write(path, serde_yaml::to_string(&listing).expect("yaml")).expect("write workloads");
-    eventually("the proxy reloaded the workloads file", || {
-        (proxy.log().matches(&loaded).count() > before).then_some(())
+    eventually("the proxy's /config_dump lists the written workloads from its local file", || {
+        let listed = proxy.listed_workloads(LOCAL_FILE_SOURCE)?;
+        lists_exactly(&listed, &workloads).then_some(())
     });
+}
+
+/// Whether `listed` (dumped workloads) and `written` (local-file entries) pair up one to one, each listed entry
+/// holding every field of its written one with the same value.
+fn lists_exactly(listed: &[Value], written: &[Value]) -> bool {
+    let mut unmatched: Vec<&Value> = listed.iter().collect();
+    listed.len() == written.len()
+        && written.iter().all(|entry| {
+            let fields = entry.as_object().expect("a workload entry is an object");
+            let found = unmatched.iter().position(|l| fields.iter().all(|(key, value)| l[key] == *value));
+            found.map(|i| unmatched.swap_remove(i)).is_some()
+        })
 }
 
 /// Records the addresses of `pod` (named `name`) as its Pod object's `status.podIPs` (phase Running), as the

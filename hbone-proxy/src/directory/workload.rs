@@ -5,10 +5,10 @@
 
 use std::net::IpAddr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// How a workload accepts traffic (ztunnel's `protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
     /// Mutual TLS HTTP/2 CONNECT on Istio's HBONE port.
@@ -18,8 +18,9 @@ pub enum Protocol {
     Tcp,
 }
 
-/// One workload as ztunnel's local config describes it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One workload as ztunnel's local config describes it; serialized under the same names, as ztunnel's
+/// `/config_dump` lists its workloads.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Workload {
     /// Unique id of the workload.
@@ -33,7 +34,7 @@ pub struct Workload {
     /// Service account; Kubernetes' `default` when absent.
     #[serde(default = "default_service_account")]
     pub service_account: String,
-    /// Trust domain; the proxy's own when absent.
+    /// Trust domain; the proxy's own when absent (the [`Directory`](super::Directory) fills it in).
     #[serde(default)]
     pub trust_domain: String,
     /// The workload's addresses.
