@@ -29,11 +29,13 @@ use testbed::node_agent::{
 };
 use testbed::pod_process::PodProcess;
 use testbed::runtime::RuntimeError;
-use testbed::wait::{eventually, eventually_or};
+use testbed::wait::{eventually, eventually_or, within};
 use testbed::{Cluster, NetnsGuard, Pod};
 
 /// Namespace whose pods opt in by their own label.
 const NS: &str = "shop";
+/// How long the agent may take to catch up after the API returns: the watch back-off's 30 s cap, a relist, slack.
+const CATCH_UP: Duration = Duration::from_secs(60);
 fn setup() -> (Cluster, NodeAgent) {
     ambient_node(RuleBackend::Nftables, NS, &[])
 }
@@ -193,11 +195,12 @@ fn the_agent_rides_out_an_api_server_that_refuses_errors_or_is_slow_and_catches_
         assert!(has_inpod_rules(&before.netns), "API {what}: an enrolled pod lost its rules");
 
         c.api.set_fault(None);
-        let add = eventually_or(
-            &format!("after the {what} API recovers, the running pod is enrolled"),
-            || peer.received_for(RequestKind::Add, &pod.uid).pop(),
-            || agent.log(),
-        );
+        // The watches retry with kube's back-off (0.8 s doubling to 30 s, as client-go's reflector): after a long
+        // outage the next try may be up to 30 s away, and a compacted history then costs a relist.
+        let add = within(Instant::now(), CATCH_UP, || peer.received_for(RequestKind::Add, &pod.uid).pop())
+            .unwrap_or_else(|| {
+                panic!("API {what}: the running pod was not enrolled within {CATCH_UP:?} of recovery\n{}", agent.log())
+            });
         assert_eq!(add.fds, vec![netns_id(&pod.netns)], "API {what}: the Add carries the running pod's netns");
         eventually(&format!("API {what}: the running pod is annotated"), || {
             (redirection(&c, NS, &pod.name).as_deref() == Some("enabled")).then_some(())
