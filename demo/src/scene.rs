@@ -103,10 +103,16 @@ pub fn run() -> Result<(), Stop> {
     let proxy_credentials = cluster.kubeconfig_for(testbed::chart::PROXY_SERVICE_ACCOUNT);
     std::fs::write(&kubeconfig, proxy_credentials).map_err(|e| failed("proxy kubeconfig", e))?;
     let kubeconfig = kubeconfig.display().to_string();
-    let env = [("KUBECONFIG", kubeconfig.as_str()), ("LOG_LEVEL", "info")];
+    // Both ambient pods run on this one node: the same-node fast path (on by default) would carry their bytes
+    // without TLS; the demo turns it off to show HBONE, the path between nodes.
+    let env = [("KUBECONFIG", kubeconfig.as_str()), ("LOG_LEVEL", "info"), ("SAME_NODE_FAST_PATH", "false")];
     let proxy = Proxy::start(&cluster, &agent, proxy_dir.path(), &proxy_dir.path().join("workloads.yaml"), &env);
     track_process("hbone-proxy", proxy.pid());
     progress(5, format_args!("hbone-proxy (pid {}): connected to the agent over ZDS, pods from the API", proxy.pid()))?;
+    detail(format_args!(
+        "SAME_NODE_FAST_PATH=false: pods on one node talk HBONE here, as across nodes (the default carries them \
+         without TLS, see docs/hbone-proxy.md)"
+    ));
 
     let web = add_pod(&cluster, &conflist, sidecar_pod(NS, "web"))?;
     progress(6, format_args!("pod {NS}/web (sidecar) {}", web.ip))?;

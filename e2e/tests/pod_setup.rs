@@ -149,7 +149,7 @@ fn pod_setup(c: &Cluster, name: &str, namespace: &str, ambient: bool) -> (u16, S
 #[test]
 fn the_agents_answer_decides_as_a_fresh_get_for_generated_pods_and_namespaces() {
     let (c, agent) = ambient_node(RuleBackend::Nftables, NS, &[]);
-    let mut rng = Lcg(0x5eed_18);
+    let mut rng = Lcg(0x005e_ed18);
     let pick =
         |rng: &mut Lcg, options: &[Option<&str>]| options[rng.below(options.len() as u64) as usize].map(String::from);
     let namespaces = ["gen-a", "gen-b", "gen-c"];
