@@ -1,7 +1,9 @@
 //! Same-node acceptance: the real node agent and the real `hbone-proxy` in the node netns, ambient pods A and
 //! B created through the fake CNI runtime. A's app exchanges 1 GiB each way with B's app (hashes match, the
 //! metrics count exactly those bytes); the bytes cross the pods' veths only on port 15008, as TLS (seen with
-//! tcpdump), and B's app sees A's IP as its peer. Dual-stack pods do the same over IPv6.
+//! tcpdump), and B's app sees A's IP as its peer. Dual-stack pods do the same over IPv6. The proxy runs with its
+//! same-node fast path off ([`support::HBONE_ON_ONE_NODE`]): these tests are about HBONE between two pods of one node
+//! (`proxy_fast_path.rs` tests the fast path).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr};
