@@ -59,7 +59,7 @@ fn an_add_whose_annotation_fails_leaves_no_enrollment() {
     c.api.set_fault(Some(Fault::Status(500)));
     let added = c.add_with(ambient_conflist(&c), "web", NS);
     c.api.set_fault(None);
-    let error = added.err().expect("ADD fails when the pod cannot be annotated");
+    let error = added.expect_err("ADD fails when the pod cannot be annotated");
     assert!(error.to_string().contains("annotate"), "the ADD failed at the annotation: {error}");
     assert_nothing_left(&c, &agent, &peer, &id, "web", held);
 }
@@ -77,7 +77,7 @@ fn an_enrollment_that_outlasts_the_plugins_wait_is_undone() {
     c.api.set_fault(Some(Fault::Delay(slow)));
     let added = c.add_with(ambient_conflist(&c), "web", NS);
     c.api.set_fault(None);
-    let error = added.err().expect("ADD fails when the agent does not answer in time");
+    let error = added.expect_err("ADD fails when the agent does not answer in time");
     assert!(error.to_string().contains("did not answer"), "the plugin stopped waiting: {error}");
     assert_nothing_left(&c, &agent, &peer, &id, "web", held);
 }

@@ -370,9 +370,8 @@ impl Enroller {
         if let Err(source) = self.zds.add(&uid, info, fd.as_ref()).await {
             // Deleted meanwhile: the deletion wins over the proxy's answer.
             self.checkpoint(Stage::Probe, pod, &ips, done).await?;
-            if on_failure == OnFailure::Keep {
-                self.annotate(pod, "pending").await.ok();
-            }
+            // As Istio's partial add: the plugin's ADD fails too, but the pod says why until its retry.
+            self.annotate(pod, "pending").await.ok();
             return Err(EnrollError::Proxy { pod: name, source });
         }
         self.metrics.phase("proxy_ack", started);
