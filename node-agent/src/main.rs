@@ -123,14 +123,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
     let (namespaces, namespace_writer) = kube::runtime::reflector::store();
     let sources = watch::Sources { pods: pod_events, client: client.clone(), namespace_store: namespace_writer };
-    tokio::spawn(watch::run(
-        sources,
-        config.clone(),
-        selectors,
-        enroller.clone(),
-        metrics.clone(),
-        synced_tx,
-    ));
+    tokio::spawn(watch::run(sources, config.clone(), selectors, enroller.clone(), metrics.clone(), synced_tx));
     startup.block("waiting for this node's pods to be listed and the pods enrolled before a restart to be found");
     synced_rx.await.context("pod watcher ended before syncing")?;
 
