@@ -21,6 +21,8 @@ packages=(
 packages+=(tcpdump)
 # The proxy's resource tests count the threads it creates.
 packages+=(strace)
+# The HBONE throughput benchmark runs iperf3 beside its own sink apps.
+packages+=(iperf3)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -1,6 +1,7 @@
-//! Scenarios 3 and 4, HBONE throughput and latency, pod to pod through the proxy (client pod's outbound on
-//! 15001 → HBONE over mTLS to the server pod's 15008 → the app), against direct TCP between two pods of the same
-//! node (or the same two nodes) without enrollment. Istio's ztunnel is not measured: it cannot be fetched or built on this machine.
+//! The pods of scenarios 3 and 4 (HBONE throughput in [`crate::throughput`], latency here), pod to pod through the
+//! proxy (client pod's outbound on 15001 → HBONE over mTLS to the server pod's 15008 → the app, or the same-node
+//! fast path), against direct TCP between two pods of the same node (or the same two nodes) without enrollment.
+//! Istio's ztunnel is not measured: it cannot be fetched or built on this machine.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -20,43 +21,46 @@ use crate::attach::{timed_add, Attached};
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
 use crate::stats::Counts;
-use crate::stats::{gbps, ratio, us, Summary};
-
-/// What profiling the throughput run showed (kept with the table so the figure can be explained).
-const PROFILE_NOTE: &str = "\nWhere the time goes (`perf record` of hbone-proxy during a same-node transfer): the \
-proxy keeps about 1.6 of the 2 cores busy, the apps the rest, so the path is CPU-bound here. User-space copies \
-(memmove) take 14% of its samples, AES-GCM 11% (encrypt and decrypt), kernel socket copies 10%, netfilter and \
-conntrack most of the rest. Direct TCP pays one socket copy per byte; HBONE pays three socket hops, two TLS passes \
-and the HTTP/2 framing copies. A larger HTTP/2 send buffer (4 MiB instead of h2's 400 KiB) made it slower (2.2 Gb/s) \
-and was dropped.\n";
+use crate::stats::{us, Summary};
 
 /// The trust domain of every benchmark workload.
 const TRUST_DOMAIN: &str = "cluster.local";
-/// MiB per throughput run, split over the streams, unless `BENCH_TRANSFER_MIB` says otherwise.
-const TRANSFER_MIB: u64 = 512;
-
-/// Bytes per throughput run.
-fn transfer_bytes() -> u64 {
-    let mib = std::env::var("BENCH_TRANSFER_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(TRANSFER_MIB);
-    mib.max(1) << 20
-}
 /// Size of a latency request and of its response.
 const MESSAGE: usize = 1024;
-/// The benchmark issue's target: a single HBONE stream at least this share of direct.
-const TARGET_SHARE: f64 = 0.5;
-
-/// Where the server pods run relative to the client pods.
+/// What the client's proxy does with a connection between the client and server pod, and where they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Placement {
-    SameNode,
+pub enum Case {
+    /// Both pods on one node, the proxy's default: the same-node fast path.
+    SameNodeFastPath,
+    /// Both pods on one node whose proxy has `SAME_NODE_FAST_PATH=false`: HBONE through the one proxy.
+    SameNodeHbone,
+    /// Client pod on node 1, server pod on node 2, each node with its own proxy: HBONE between them.
     AcrossNodes,
 }
 
-impl Placement {
-    fn label(self) -> &'static str {
+impl Case {
+    /// The row label.
+    pub fn label(self) -> &'static str {
         match self {
-            Placement::SameNode => "same node",
-            Placement::AcrossNodes => "across nodes",
+            Case::SameNodeFastPath => "same node, fast path",
+            Case::SameNodeHbone => "same node, HBONE",
+            Case::AcrossNodes => "across nodes, HBONE",
+        }
+    }
+
+    /// The `connection_security_policy` of the client's connections to the server.
+    fn security_policy(self) -> &'static str {
+        match self {
+            Case::SameNodeFastPath => telemetry::SECURITY_POLICY_SAME_NODE,
+            Case::SameNodeHbone | Case::AcrossNodes => telemetry::SECURITY_POLICY_MUTUAL_TLS,
+        }
+    }
+
+    /// The proxies' extra environment.
+    fn proxy_env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Case::SameNodeHbone => &[("SAME_NODE_FAST_PATH", "false")],
+            Case::SameNodeFastPath | Case::AcrossNodes => &[],
         }
     }
 }
@@ -66,23 +70,32 @@ const LINK: [(&str, &str); 2] = [("nb-peer1", "192.0.2.1"), ("nb-peer2", "192.0.
 
 /// Two enrolled pods (through the proxies) and two plain pods (direct), with a sink and an echo app on each
 /// server pod; across nodes the clients run on node 1 and the servers on node 2. Field order is drop order.
-struct Pods {
+pub struct Pods {
     _apps: Vec<Server>,
-    mesh_client: Attached,
-    mesh_server: Attached,
-    plain_client: Attached,
-    plain_server: Attached,
-    nodes: Vec<AmbientNode>,
+    /// The enrolled client pod.
+    pub mesh_client: Attached,
+    /// The enrolled server pod.
+    pub mesh_server: Attached,
+    /// The plain client pod (direct TCP).
+    pub plain_client: Attached,
+    /// The plain server pod.
+    pub plain_server: Attached,
+    /// The nodes: the client's first.
+    pub nodes: Vec<AmbientNode>,
+    case: Case,
     _ca: TempDir,
 }
 
 impl Pods {
-    fn start(placement: Placement) -> Pods {
+    /// Starts the nodes and pods of `case`, and waits until the client's proxy carries client → server the way
+    /// `case` says.
+    pub fn start(case: Case) -> Pods {
         let ca = tempfile::Builder::new().prefix("bench-ca-").tempdir().expect("CA dir");
         MeshCa::load_or_create(ca.path(), TRUST_DOMAIN).expect("the mesh CA the nodes share");
-        let count = if placement == Placement::SameNode { 1 } else { 2 };
-        let nodes: Vec<AmbientNode> =
-            (0..count).map(|_| AmbientNode::start_with_ca(RuleBackend::Nftables, None, Some(ca.path()))).collect();
+        let count = if case == Case::AcrossNodes { 2 } else { 1 };
+        let nodes: Vec<AmbientNode> = (0..count)
+            .map(|_| AmbientNode::start_with_proxy_env(RuleBackend::Nftables, None, Some(ca.path()), case.proxy_env()))
+            .collect();
         if count == 2 {
             link(&nodes[0], &nodes[1]);
         }
@@ -114,45 +127,56 @@ impl Pods {
             apps.push(Server::start(&server.netns, SINK_PORT, Mode::Sink));
             apps.push(Server::start(&server.netns, ECHO_PORT, Mode::Echo));
         }
-        let pods = Pods { _apps: apps, mesh_client, mesh_server, plain_client, plain_server, nodes, _ca: ca };
-        pods.wait_for_hbone();
+        let pods = Pods { _apps: apps, mesh_client, mesh_server, plain_client, plain_server, nodes, case, _ca: ca };
+        pods.wait_for_path();
         pods
     }
 
-    /// Outbound HBONE connections the client's proxy has opened so far.
-    fn hbone_opened(&self) -> f64 {
+    /// Outbound connections the client's proxy has opened so far the way this case carries them.
+    fn opened(&self) -> f64 {
         let netns = self.nodes[0].cluster.node.netns().path();
         let (_, body) = testbed::http::get(&netns, ports::STATS, "/metrics").expect("proxy metrics");
         let name = format!("{}_total{{", telemetry::TCP_CONNECTIONS_OPENED);
         let reporter = format!("{}=\"{}\"", label::REPORTER, telemetry::REPORTER_SOURCE);
-        let mtls = format!("{}=\"{}\"", label::CONNECTION_SECURITY_POLICY, telemetry::SECURITY_POLICY_MUTUAL_TLS);
+        let mtls = format!("{}=\"{}\"", label::CONNECTION_SECURITY_POLICY, self.case.security_policy());
         body.lines()
             .filter(|l| l.starts_with(&name) && l.contains(&reporter) && l.contains(&mtls))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
 
-    /// Waits until a connection from the client pod to the server pod goes over HBONE, i.e. the client's proxy
-    /// lists the server (until then it would be passthrough and the figures meaningless).
-    fn wait_for_hbone(&self) {
+    /// Waits until a connection from the client pod to the server pod goes over HBONE (or the fast path), i.e.
+    /// the client's proxy lists the server (until then it would be passthrough and the figures meaningless).
+    fn wait_for_path(&self) {
         let start = Instant::now();
         loop {
-            let before = self.hbone_opened();
+            let before = self.opened();
             apps::first_byte(&self.mesh_client.netns, self.mesh_addr(SINK_PORT));
-            if self.hbone_opened() > before {
+            if self.opened() > before {
                 return;
             }
-            assert!(start.elapsed() < Duration::from_secs(20), "the proxy never sent client → server over HBONE");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the proxy never carried client → server: {:?}",
+                self.case
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
-    fn mesh_addr(&self, port: u16) -> SocketAddr {
+    /// The enrolled server pod's `port`.
+    pub fn mesh_addr(&self, port: u16) -> SocketAddr {
         SocketAddr::from((self.mesh_server.ip(), port))
     }
 
-    fn plain_addr(&self, port: u16) -> SocketAddr {
+    /// The plain server pod's `port`.
+    pub fn plain_addr(&self, port: u16) -> SocketAddr {
         SocketAddr::from((self.plain_server.ip(), port))
+    }
+
+    /// CPU time (user + system) the proxies of this case have used so far, all nodes together.
+    pub fn proxy_cpu(&self) -> Duration {
+        self.nodes.iter().map(|n| process_cpu(n.proxy.pid())).sum()
     }
 }
 
@@ -169,70 +193,21 @@ fn link(one: &AmbientNode, two: &AmbientNode) {
     }
 }
 
-/// Scenario 3: Gb/s with 1 and 8 streams, HBONE vs direct, interleaved run by run.
-pub fn throughput(counts: Counts) -> Section {
-    let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "Timed: {} MiB per run, split evenly over the streams, from the first connect until every sink app \
-         acknowledged the end of its stream. Native nftables rules; across nodes, the two node netns are linked \
-         by a veth. Warm-up {} runs, then {} timed runs per row, HBONE and direct interleaved. Istio's ztunnel is not measured (it cannot be fetched or built \
-         here).\n",
-        transfer_bytes() >> 20,
-        counts.warmup,
-        counts.iterations
-    );
-    let _ = writeln!(
-        body,
-        "| placement | streams | path | median Gb/s | p10 Gb/s | HBONE / direct (medians) |\n|---|---|---|---:|---:|---:|"
-    );
-    let mut verdict = String::new();
-    for placement in [Placement::SameNode, Placement::AcrossNodes] {
-        println!("hbone-throughput: {}", placement.label());
-        let pods = Pods::start(placement);
-        throughput_rows(&pods, placement, counts, &mut body, &mut verdict);
-    }
-    body.push('\n');
-    body.push_str(&verdict);
-    body.push_str(PROFILE_NOTE);
-    Section { name: "hbone-throughput", title: "HBONE throughput".into(), body }
+/// User + system CPU time of process `pid`, all its threads (`/proc/PID/stat` fields 14 and 15, in clock ticks).
+fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read the proxy's /proc stat");
+    // The command name (field 2) may hold spaces; the fields after it start with the state (field 3).
+    let rest = &stat[stat.rfind(')').expect("stat has a command name") + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as u64;
+    Duration::from_secs_f64(ticks as f64 / per_second as f64)
 }
 
-fn throughput_rows(pods: &Pods, placement: Placement, counts: Counts, body: &mut String, verdict: &mut String) {
-    let place = placement.label();
-    for streams in [1usize, 8] {
-        let per_stream = transfer_bytes() / streams as u64;
-        let (mut mesh, mut direct) = (Vec::new(), Vec::new());
-        for round in 0..counts.warmup + counts.iterations {
-            let m = apps::transfer(&pods.mesh_client.netns, pods.mesh_addr(SINK_PORT), streams, per_stream);
-            let d = apps::transfer(&pods.plain_client.netns, pods.plain_addr(SINK_PORT), streams, per_stream);
-            if round >= counts.warmup {
-                mesh.push(m);
-                direct.push(d);
-            }
-        }
-        // Slowest time is the lowest rate: p90 of durations gives p10 of throughput.
-        let (m, d) = (Summary::of(&mesh), Summary::of(&direct));
-        let rate = |t: Duration| gbps(per_stream * streams as u64, t);
-        let share = ratio(d.median, m.median);
-        let _ =
-            writeln!(body, "| {place} | {streams} | HBONE | {:.2} | {:.2} | {share:.2} |", rate(m.median), rate(m.p90));
-        let _ = writeln!(body, "| {place} | {streams} | direct | {:.2} | {:.2} | 1.00 |", rate(d.median), rate(d.p90));
-        if streams == 1 {
-            let met = if share >= TARGET_SHARE { "met" } else { "NOT met" };
-            let _ = writeln!(
-                verdict,
-                "- Single stream, {place}: HBONE carries {:.0}% of direct (target ≥{:.0}%: {met}).",
-                share * 100.0,
-                TARGET_SHARE * 100.0
-            );
-        }
-    }
-}
-
-/// Scenario 4: 1 KB request/response on an established connection, and a new connection's first byte.
+/// Scenario 4: 1 KB request/response on an established connection, and a new connection's first byte. Measured
+/// over HBONE on one node (`SAME_NODE_FAST_PATH=false`), as before the fast path, so the figures stay comparable.
 pub fn latency(counts: Counts) -> Section {
-    let pods = Pods::start(Placement::SameNode);
+    let pods = Pods::start(Case::SameNodeHbone);
     let mut mesh_conn = apps::connect(&pods.mesh_client.netns, pods.mesh_addr(ECHO_PORT));
     let mut plain_conn = apps::connect(&pods.plain_client.netns, pods.plain_addr(ECHO_PORT));
     apps::round_trips(&mut mesh_conn, MESSAGE, counts.warmup);
@@ -270,7 +245,7 @@ pub fn latency(counts: Counts) -> Section {
          {} per path, in alternating blocks of 100. Connection setup: from the start of `connect` until the server \
          app's first byte arrived; {setups} per path through the pool, and {fresh_count} fresh HBONE connections \
          (each from a newly enrolled client pod, so the proxy dials and completes a TLS handshake). Same node, \
-         native nftables rules.\n",
+         HBONE (the node's proxy runs with `SAME_NODE_FAST_PATH=false`), native nftables rules.\n",
         counts.warmup,
         mesh.len()
     );

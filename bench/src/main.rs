@@ -8,12 +8,14 @@ mod apps;
 mod attach;
 mod hbone;
 mod installer_repair;
+mod iperf;
 mod node_scale;
 mod pod_rules;
 mod report;
 mod scene;
 mod sidecar_setup;
 mod stats;
+mod throughput;
 
 use clap::{Parser, ValueEnum};
 
@@ -28,7 +30,7 @@ enum Scenario {
     SidecarSetup,
     /// An ambient pod's whole enrollment path, and the agent's per-phase histogram.
     AmbientEnroll,
-    /// HBONE throughput, 1 and 8 streams, against direct TCP.
+    /// HBONE and same-node fast path throughput, 1 and 4 streams, node-bench's apps and iperf3, against direct TCP.
     HboneThroughput,
     /// HBONE request/response latency and connection setup, against direct TCP.
     HboneLatency,
@@ -112,7 +114,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::SidecarSetup => sidecar_setup::run(counts),
             Scenario::InstallerRepair => installer_repair::run(counts),
             Scenario::AmbientEnroll => ambient_enroll::run(counts),
-            Scenario::HboneThroughput => hbone::throughput(counts),
+            Scenario::HboneThroughput => throughput::throughput(counts),
             Scenario::HboneLatency => hbone::latency(counts),
             Scenario::NodeScale => node_scale::run(counts),
         };

@@ -32,6 +32,8 @@ pub struct AmbientNode {
     pub proxy_dir: TempDir,
     /// The shared mesh CA the proxy uses, if not its own.
     ca_dir: Option<PathBuf>,
+    /// Extra environment of the proxy (kept for restarts), e.g. `SAME_NODE_FAST_PATH=false`.
+    proxy_env: Vec<(String, String)>,
     /// The ZDS socket of the first agent, which every later agent and proxy use.
     zds_socket: PathBuf,
     /// Agents replaced by a restart: their scratch dir holds the ZDS socket, so they stay until the end.
@@ -50,6 +52,17 @@ impl AmbientNode {
     /// Like [`AmbientNode::start`], with the proxy's mesh CA taken from `ca_dir` (Istio's `cacerts` layout), so
     /// several nodes share one mesh.
     pub fn start_with_ca(backend: RuleBackend, subnet: Option<(&str, &str)>, ca_dir: Option<&Path>) -> AmbientNode {
+        Self::start_with_proxy_env(backend, subnet, ca_dir, &[])
+    }
+
+    /// Like [`AmbientNode::start_with_ca`], with `proxy_env` added to the proxy's environment, so a scenario can
+    /// compare the proxy's settings (the same-node fast path on and off) in one run.
+    pub fn start_with_proxy_env(
+        backend: RuleBackend,
+        subnet: Option<(&str, &str)>,
+        ca_dir: Option<&Path>,
+        proxy_env: &[(&str, &str)],
+    ) -> AmbientNode {
         let cluster = Cluster::with_backend(backend);
         install_kubeconfig(&cluster);
         cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
@@ -64,16 +77,17 @@ impl AmbientNode {
         cluster.write_kubeconfig_for(&kubeconfig, testbed::chart::PROXY_SERVICE_ACCOUNT);
         let ca_dir = ca_dir.map(Path::to_path_buf);
         let zds_socket = agent.zds_socket();
-        let proxy = start_proxy(&cluster, &agent, &zds_socket, proxy_dir.path(), ca_dir.as_deref());
-        AmbientNode { proxy, agent, list, proxy_dir, ca_dir, zds_socket, retired: Vec::new(), cluster }
+        let proxy_env: Vec<(String, String)> = proxy_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let proxy = start_proxy(&cluster, &agent, &zds_socket, proxy_dir.path(), ca_dir.as_deref(), &proxy_env);
+        AmbientNode { proxy, agent, list, proxy_dir, ca_dir, proxy_env, zds_socket, retired: Vec::new(), cluster }
     }
 
     /// Restarts the proxy (killed first), returning how long the new one took to be ready.
     pub fn restart_proxy(&mut self) -> Duration {
         self.proxy.stop();
         let start = Instant::now();
-        self.proxy =
-            start_proxy(&self.cluster, &self.agent, &self.zds_socket, self.proxy_dir.path(), self.ca_dir.as_deref());
+        let (dir, ca) = (self.proxy_dir.path(), self.ca_dir.as_deref());
+        self.proxy = start_proxy(&self.cluster, &self.agent, &self.zds_socket, dir, ca, &self.proxy_env);
         start.elapsed()
     }
 
@@ -131,8 +145,15 @@ pub fn install_kubeconfig(cluster: &Cluster) {
 }
 
 /// Starts the proxy on the ZDS socket `zds` (which `agent` or a successor serves; `INPOD_UDS` overrides the
-/// agent's own path), with the node's kubeconfig and, when given, that mesh CA.
-fn start_proxy(cluster: &Cluster, agent: &NodeAgent, zds: &Path, dir: &Path, ca_dir: Option<&Path>) -> Proxy {
+/// agent's own path), with the node's kubeconfig, when given that mesh CA, and `extra` in its environment.
+fn start_proxy(
+    cluster: &Cluster,
+    agent: &NodeAgent,
+    zds: &Path,
+    dir: &Path,
+    ca_dir: Option<&Path>,
+    extra: &[(String, String)],
+) -> Proxy {
     let kubeconfig = dir.join("kubeconfig").display().to_string();
     let ca = ca_dir.map(|d| d.display().to_string());
     let zds = zds.display().to_string();
@@ -140,5 +161,6 @@ fn start_proxy(cluster: &Cluster, agent: &NodeAgent, zds: &Path, dir: &Path, ca_
     if let Some(ca) = &ca {
         env.push(("CA_DIR", ca.as_str()));
     }
+    env.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     Proxy::start(cluster, agent, dir, &dir.join("workloads.yaml"), &env)
 }

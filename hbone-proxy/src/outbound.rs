@@ -71,7 +71,14 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
                 extra_headers: Default::default(),
             };
             match pod.pool.connect(&request).await {
-                Ok(mut tunnel) => splice(&mut app, &mut tunnel).await,
+                Ok(mut tunnel) => {
+                    let copied = hbone::copy::bidirectional(&mut tunnel, &mut app).await;
+                    let (from_app, to_app) = (copied.to_tunnel, copied.from_tunnel);
+                    match copied.error {
+                        None => Ok((from_app, to_app)),
+                        Some(e) => Err((from_app, to_app, e.to_string())),
+                    }
+                }
                 Err(e) => Err((0, 0, e.to_string())),
             }
         }

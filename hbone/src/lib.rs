@@ -11,7 +11,7 @@
 pub mod ca;
 pub mod connect;
 #[cfg(feature = "runtime")]
-mod counting;
+pub mod copy;
 #[cfg(feature = "runtime")]
 pub mod headers;
 pub mod identity;

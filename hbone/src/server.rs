@@ -303,8 +303,8 @@ async fn tunnel<H: ConnectHandler>(
         }
     };
     let started = tokio::time::Instant::now();
-    let mut client = crate::counting::Counting::new(H2Stream::new(send, body, None));
-    let result = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut target, 64 * 1024, 64 * 1024).await;
-    let (to_target, from_target) = client.totals();
-    handler.finished(&req, Transfer { to_target, from_target, duration: started.elapsed(), error: result.err() });
+    let mut client = H2Stream::new(send, body, None);
+    let copied = crate::copy::bidirectional(&mut client, &mut target).await;
+    let (to_target, from_target) = (copied.from_tunnel, copied.to_tunnel);
+    handler.finished(&req, Transfer { to_target, from_target, duration: started.elapsed(), error: copied.error });
 }

@@ -15,10 +15,10 @@ pub(crate) type StreamGuard = Box<dyn Send + Sync>;
 /// The tunnel's byte stream. Shutting down the write side sends END_STREAM; the peer's END_STREAM reads as
 /// EOF, so half-close works both ways. Dropping it without a shutdown resets the stream.
 pub struct H2Stream {
-    send: SendStream<Bytes>,
-    recv: RecvStream,
+    pub(crate) send: SendStream<Bytes>,
+    pub(crate) recv: RecvStream,
     pending: Bytes,
-    write_closed: bool,
+    pub(crate) write_closed: bool,
     _guard: Option<StreamGuard>,
 }
 
@@ -34,7 +34,7 @@ impl H2Stream {
     }
 }
 
-fn h2_to_io(e: h2::Error) -> io::Error {
+pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
     if e.is_io() {
         e.into_io().unwrap_or_else(|| io::Error::other("h2 I/O error"))
     } else {
