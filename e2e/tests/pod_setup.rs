@@ -192,12 +192,8 @@ fn the_agents_answer_decides_as_a_fresh_get_for_generated_pods_and_namespaces() 
         let fresh: ApiPod = serde_json::from_value(c.api.get("Pod", Some(ns), &name).unwrap()).unwrap();
         let ns_labels = c.api.get("Namespace", None, ns).unwrap()["metadata"]["labels"].clone();
         let ns_labels = serde_json::from_value(ns_labels).unwrap_or_default();
-        let facts = PodFacts {
-            namespace: ns,
-            labels: &fresh.metadata.labels.clone().unwrap_or_default(),
-            annotations: &fresh.metadata.annotations.clone().unwrap_or_default(),
-            host_network: fresh.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false),
-        };
+        let empty = Default::default();
+        let facts = PodFacts::of(&fresh, &empty);
         let ambient = should_enroll(&selectors, &facts, &ns_labels, &excluded);
         decided[usize::from(ambient)] += 1;
         // The namespace may reach the agent's watch a little after the pods: an unknown namespace is a 404.

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use serde::{Deserialize, Serialize};
 
@@ -158,6 +159,29 @@ pub struct PodFacts<'a> {
     pub annotations: &'a Labels,
     /// `spec.hostNetwork`.
     pub host_network: bool,
+}
+
+impl<'a> PodFacts<'a> {
+    /// The facts of the API object `pod`; its missing label or annotation maps read as `empty`.
+    pub fn of(pod: &'a Pod, empty: &'a Labels) -> Self {
+        PodFacts {
+            namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
+            labels: pod.metadata.labels.as_ref().unwrap_or(empty),
+            annotations: pod.metadata.annotations.as_ref().unwrap_or(empty),
+            host_network: pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false),
+        }
+    }
+}
+
+/// The decision when it needs no namespace: `Some(false)` for a [`never_enrolled`] pod, `Some(answer)` when the
+/// pod's own labels decide; `None` when the namespace's labels are needed ([`Selectors::matches`] then decides).
+/// The plugin (a namespace GET) and the node agent (its namespace watch) both start here, so neither looks a
+/// namespace up for a pod that does not need it.
+pub fn decide_without_namespace(selectors: &Selectors, pod: &PodFacts<'_>, excluded: &[String]) -> Option<bool> {
+    if never_enrolled(pod, excluded) {
+        return Some(false);
+    }
+    selectors.decide_without_namespace(pod.labels)
 }
 
 /// Pods that are never enrolled whatever their labels say: host-network pods (they have no netns of their own),

@@ -32,7 +32,7 @@ use daemon::listener::PeerCredentials;
 use daemon::throttle::Throttle;
 use http_body_util::BodyExt;
 use hyper::{Method, Request, Response, StatusCode};
-use istio_contract::enablement::{never_enrolled, PodFacts, Selectors};
+use istio_contract::enablement::{decide_without_namespace, PodFacts, Selectors};
 use istio_contract::paths::PLUGIN_EVENT_SOCKET;
 use istio_contract::pod::PodInfo;
 use k8s_openapi::api::core::v1::Pod;
@@ -348,19 +348,11 @@ impl EventServer {
     /// need them; a namespace the watch has not delivered is a 404 like an unknown pod (the plugin asks the API).
     fn is_ambient(&self, ambient: &Ambient, pod: &Pod) -> Result<bool, EventError> {
         let empty = BTreeMap::new();
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let facts = PodFacts {
-            namespace,
-            labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
-            annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
-            host_network: pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false),
-        };
-        if never_enrolled(&facts, &ambient.excluded) {
-            return Ok(false);
-        }
-        if let Some(answer) = ambient.selectors.decide_without_namespace(facts.labels) {
+        let facts = PodFacts::of(pod, &empty);
+        if let Some(answer) = decide_without_namespace(&ambient.selectors, &facts, &ambient.excluded) {
             return Ok(answer);
         }
+        let namespace = facts.namespace;
         let labels = self.lookup.namespace_labels(namespace).ok_or_else(|| {
             EventError::UnknownPod(format!("namespace {namespace} not seen by the node agent's namespace watch"))
         })?;

@@ -184,13 +184,8 @@ impl State {
     /// [`State::reconcile_with`].
     fn wanted(&self, pod: &Pod) -> bool {
         let empty = BTreeMap::new();
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let facts = PodFacts {
-            namespace: ns,
-            labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
-            annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
-            host_network: pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false),
-        };
+        let facts = PodFacts::of(pod, &empty);
+        let ns = facts.namespace;
         self.config.ambient_enabled
             && !terminal(pod)
             && should_enroll(

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use cni::{CniError, ErrorCode};
-use istio_contract::enablement::{never_enrolled, PodFacts, Selectors};
+use istio_contract::enablement::{decide_without_namespace, PodFacts, Selectors};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::config::PluginConf;
@@ -18,20 +18,12 @@ pub fn is_ambient(conf: &PluginConf, api: &ApiServer, pod: &Pod) -> Result<bool,
     let selectors = Selectors::from_json(conf.enablement_selectors.as_ref())
         .map_err(|e| CniError::new(ErrorCode::InvalidConfig, e.to_string()))?;
     let empty = BTreeMap::new();
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    let facts = PodFacts {
-        namespace,
-        labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
-        annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
-        host_network: pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false),
-    };
+    let facts = PodFacts::of(pod, &empty);
     let excluded: Vec<String> = conf.excluded_namespaces().map(String::from).collect();
-    if never_enrolled(&facts, &excluded) {
-        return Ok(false);
-    }
-    if let Some(answer) = selectors.decide_without_namespace(facts.labels) {
+    if let Some(answer) = decide_without_namespace(&selectors, &facts, &excluded) {
         return Ok(answer);
     }
+    let namespace = facts.namespace;
     let attempts = if conf.enable_ambient_detection_retry { api.attempts() } else { 1 };
     let ns = api
         .namespace(namespace, attempts)
