@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use istio_contract::names::{
     AMBIENT_BYPASS_INBOUND_CAPTURE, AMBIENT_DNS_CAPTURE, AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED,
@@ -46,6 +46,9 @@ use crate::metrics::Metrics;
 use crate::pod_gate::PodGate;
 
 /// Why a pod could not be enrolled or removed; the message goes back to the plugin.
+/// The longest one API call of an enrollment may take before it counts as failed.
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum EnrollError {
     /// The pod's netns could not be opened or found.
@@ -81,6 +84,17 @@ pub enum EnrollError {
         what: &'static str,
         /// The API error.
         source: kube::Error,
+    },
+    /// An API call got no answer in time (a connection the server stopped answering: kube waits up to its 295 s
+    /// read timeout).
+    #[error("pod {pod}: {what}: no answer from the API server within {after:?}")]
+    ApiTimeout {
+        /// namespace/name.
+        pod: String,
+        /// Which call.
+        what: &'static str,
+        /// The bound.
+        after: Duration,
     },
     /// The pod's annotations cannot be turned into rules (an injected or over-long interface name, ...): refused
     /// before any rule, as the sidecar path refuses them with CNI code 7.
@@ -563,17 +577,20 @@ impl Enroller {
         self.patch_status(pod, patch).await
     }
 
-    /// Through `pods/status`, as Istio does, so the agent needs no write access to pods themselves.
+    /// Through `pods/status`, as Istio does, so the agent needs no write access to pods themselves. Bounded by
+    /// [`API_CALL_TIMEOUT`]: an enrollment waiting on an unanswered request would hold the pod's netns and its
+    /// rollback (found by the soak test).
     async fn patch_status(&self, pod: &Pod, patch: serde_json::Value) -> Result<(), EnrollError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or_default());
-        api.patch_status(
-            pod.metadata.name.as_deref().unwrap_or_default(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map(drop)
-        .map_err(|source| EnrollError::Api { pod: key(pod), what: "annotate", source })
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let params = PatchParams::default();
+        let patch = Patch::Merge(&patch);
+        match tokio::time::timeout(API_CALL_TIMEOUT, api.patch_status(name, &params, &patch)).await {
+            Ok(answer) => {
+                answer.map(drop).map_err(|source| EnrollError::Api { pod: key(pod), what: "annotate", source })
+            }
+            Err(_) => Err(EnrollError::ApiTimeout { pod: key(pod), what: "annotate", after: API_CALL_TIMEOUT }),
+        }
     }
 }
 

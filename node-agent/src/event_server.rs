@@ -40,7 +40,7 @@ use kube::Api;
 use netns::{Netns, NetnsError};
 
 use crate::config::Config;
-use crate::enroll::{EnrollError, Enroller};
+use crate::enroll::{EnrollError, Enroller, API_CALL_TIMEOUT};
 use crate::metrics::{Metrics, ResponseCode};
 use crate::plugin_socket;
 use crate::pod_lookup::{PodLookup, WAIT};
@@ -361,10 +361,12 @@ impl EventServer {
 
     /// GETs the event's pod: the watch did not deliver it in time.
     async fn get(&self, event: &CmdAdd) -> Result<Pod, EventError> {
-        Api::<Pod>::namespaced(self.client.clone(), &event.pod_namespace)
-            .get(&event.pod_name)
-            .await
-            .map_err(|e| EventError::Failed(format!("get pod {}/{}: {e}", event.pod_namespace, event.pod_name)))
+        let name = format!("{}/{}", event.pod_namespace, event.pod_name);
+        let api = Api::<Pod>::namespaced(self.client.clone(), &event.pod_namespace);
+        match tokio::time::timeout(API_CALL_TIMEOUT, api.get(&event.pod_name)).await {
+            Ok(answer) => answer.map_err(|e| EventError::Failed(format!("get pod {name}: {e}"))),
+            Err(_) => Err(EventError::Failed(format!("get pod {name}: no answer within {API_CALL_TIMEOUT:?}"))),
+        }
     }
 
     /// Checks the event's netns, then enrolls the (checked) pod, all or nothing, and undone if it ends after
