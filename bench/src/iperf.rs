@@ -28,12 +28,11 @@ impl IperfServer {
             .spawn()
             .expect("spawn iperf3 -s (scripts/install-deps.sh installs iperf3)");
         let server = IperfServer { child };
-        let start = Instant::now();
         let filter = format!("sport = :{PORT}");
-        while pod.exec_ok(&["ss", "-Hltn", &filter]).trim().is_empty() {
-            assert!(start.elapsed() < START_LIMIT, "iperf3 -s never listened in {}", pod.name());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let listening = testbed::wait::within(Instant::now(), START_LIMIT, || {
+            (!pod.exec_ok(&["ss", "-Hltn", &filter]).trim().is_empty()).then_some(())
+        });
+        assert!(listening.is_some(), "iperf3 -s never listened in {}", pod.name());
         server
     }
 }
