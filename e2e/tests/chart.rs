@@ -461,6 +461,9 @@ fn required_env(binary: &str) -> &'static [&'static str] {
             "REPAIR_INIT_CONTAINER_NAME",
             "REPAIR_BROKEN_POD_LABEL_KEY",
             "REPAIR_BROKEN_POD_LABEL_VALUE",
+            "DRIFT_CHECK_INTERVAL",
+            "DRIFT_REPAIR_SIDECAR",
+            "PROBE_SELFTEST_INTERVAL",
             "LOG_LEVEL",
         ],
         "hbone-proxy" => &["INPOD_UDS", "TRUST_DOMAIN", "CA_DIR", "LOG_LEVEL"],
@@ -493,6 +496,41 @@ fn every_env_name_is_one_the_consuming_binary_reads() {
     assert_eq!(r.env_value(agent, "ZTUNNEL_UDS_ADDRESS"), r.env_value(proxy, "INPOD_UDS"));
     let install = r.container("istio-cni-node", "install-cni").unwrap();
     assert_eq!(r.env_value(agent, "CNI_AGENT_RUN_DIR"), r.env_value(install, "CNI_AGENT_RUN_DIR"));
+}
+
+/// The default `binary --help` shows for the option read from env `name`.
+fn binary_default(binary: &str, name: &str) -> String {
+    let out = output(Command::new(testbed::bins::path(binary)).arg("--help").env_clear());
+    let help = String::from_utf8(out.stdout).expect("help is UTF-8");
+    let line = help.lines().find(|l| l.contains(&format!("[env: {name}="))).unwrap_or_else(|| panic!("no {name}"));
+    let default = line.split("[default: ").nth(1).unwrap_or_else(|| panic!("{name} has no default: {line}"));
+    default.split(']').next().expect("split yields one piece").to_owned()
+}
+
+#[test]
+fn drift_and_probe_selftest_values_reach_the_node_agent_with_the_binarys_defaults() {
+    let settings = [
+        ("drift.checkInterval", "DRIFT_CHECK_INTERVAL"),
+        ("drift.repairSidecar", "DRIFT_REPAIR_SIDECAR"),
+        ("ambient.probeSelfTestInterval", "PROBE_SELFTEST_INTERVAL"),
+    ];
+    // By default the agent gets what it would take without the chart, with ambient or without.
+    for sets in [&[][..], &[AMBIENT][..]] {
+        let r = Rendered::new(sets);
+        let agent = r.container("istio-cni-node", "node-agent").unwrap();
+        for (_, env) in settings {
+            assert_eq!(r.env_value(agent, env), Some(binary_default("node-agent", env)), "{sets:?}: {env}");
+        }
+    }
+    // Set at the top level or under cni., they reach the agent's env.
+    let r =
+        Rendered::new(&["drift.checkInterval=5m", "cni.drift.repairSidecar=true", "ambient.probeSelfTestInterval=0s"]);
+    let agent = r.container("istio-cni-node", "node-agent").unwrap();
+    let got: Vec<_> = settings.iter().map(|(_, env)| r.env_value(agent, env).unwrap_or_default()).collect();
+    assert_eq!(got, ["5m", "true", "0s"]);
+    // Not a duration: the schema refuses it, naming the value.
+    let err = chart::template(&["drift.checkInterval=often"]).expect_err("a bad interval is accepted");
+    assert!(err.contains("/drift/checkInterval"), "{err}");
 }
 
 #[test]

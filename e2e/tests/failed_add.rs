@@ -71,13 +71,15 @@ fn an_enrollment_that_outlasts_the_plugins_wait_is_undone() {
     let id = stored(&c, &agent, "web");
     let held = netns_fds(&agent);
 
-    // Every API request is answered a little later than the plugin waits for the agent: the annotation ends the
-    // enrollment after the plugin gave up.
+    // Every API request is answered a little later than the plugin waits for the agent: the agent abandons the
+    // annotation at its answer deadline, rolls the enrollment back and tells the plugin why, before the plugin
+    // gives up (so the ADD's error names the cause, not a timeout), and takes back the annotation that may still
+    // land.
     let slow = cni::plugin_event::PLUGIN_WAIT + Duration::from_secs(1);
     c.api.set_fault(Some(Fault::Delay(slow)));
     let added = c.add_with(ambient_conflist(&c), "web", NS);
+    let error = added.expect_err("ADD fails when the enrollment cannot end in time");
+    assert!(error.to_string().contains("answer deadline"), "the agent said why, in time: {error}");
     c.api.set_fault(None);
-    let error = added.expect_err("ADD fails when the agent does not answer in time");
-    assert!(error.to_string().contains("did not answer"), "the plugin stopped waiting: {error}");
     assert_nothing_left(&c, &agent, &peer, &id, "web", held);
 }

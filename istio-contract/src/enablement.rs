@@ -124,7 +124,13 @@ impl Selectors {
 
     /// Whether a pod with `pod_labels` in a namespace with `namespace_labels` is selected.
     pub fn matches(&self, pod_labels: &Labels, namespace_labels: &Labels) -> bool {
-        self.0.iter().any(|e| {
+        self.matching(pod_labels, namespace_labels).is_some()
+    }
+
+    /// The first entry that selects a pod with `pod_labels` in a namespace with `namespace_labels`, if any:
+    /// what `node-agent explain` names as the reason a pod is in ambient.
+    pub fn matching(&self, pod_labels: &Labels, namespace_labels: &Labels) -> Option<(usize, &EnablementSelector)> {
+        self.0.iter().enumerate().find(|(_, e)| {
             e.pod_selector.as_ref().is_none_or(|s| selector_matches(s, pod_labels))
                 && e.namespace_selector.as_ref().is_none_or(|s| selector_matches(s, namespace_labels))
         })
@@ -184,12 +190,34 @@ pub fn decide_without_namespace(selectors: &Selectors, pod: &PodFacts<'_>, exclu
     selectors.decide_without_namespace(pod.labels)
 }
 
+/// Why a pod is never enrolled whatever its labels say (see [`never_enrolled`]); `node-agent explain` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exclusion {
+    /// `spec.hostNetwork`: the pod has no netns of its own.
+    HostNetwork,
+    /// The `sidecar.istio.io/status` annotation: its sidecar already captures its traffic.
+    Sidecar,
+    /// Its namespace is one of the excluded namespaces (`EXCLUDE_NAMESPACES`).
+    ExcludedNamespace,
+}
+
+/// Which rule of [`never_enrolled`] keeps `pod` out, if any, checked in that order.
+pub fn exclusion(pod: &PodFacts<'_>, excluded_namespaces: &[String]) -> Option<Exclusion> {
+    if pod.host_network {
+        Some(Exclusion::HostNetwork)
+    } else if pod.annotations.contains_key(SIDECAR_STATUS_ANNOTATION) {
+        Some(Exclusion::Sidecar)
+    } else if excluded_namespaces.iter().any(|n| n == pod.namespace) {
+        Some(Exclusion::ExcludedNamespace)
+    } else {
+        None
+    }
+}
+
 /// Pods that are never enrolled whatever their labels say: host-network pods (they have no netns of their own),
 /// sidecar pods (their sidecar already captures traffic) and pods in excluded namespaces.
 pub fn never_enrolled(pod: &PodFacts<'_>, excluded_namespaces: &[String]) -> bool {
-    pod.host_network
-        || pod.annotations.contains_key(SIDECAR_STATUS_ANNOTATION)
-        || excluded_namespaces.iter().any(|n| n == pod.namespace)
+    exclusion(pod, excluded_namespaces).is_some()
 }
 
 /// The whole rule: [`never_enrolled`] pods stay out; everything else follows the selectors.
@@ -234,6 +262,22 @@ mod tests {
         assert!(!should_enroll(&s, &pod(true, &empty), &empty, &[]));
         assert!(!should_enroll(&s, &pod(false, &sidecar), &empty, &[]));
         assert!(!should_enroll(&s, &pod(false, &empty), &empty, &["shop".into()]));
+    }
+
+    #[test]
+    fn the_reason_is_the_first_rule_that_decides() {
+        let s = Selectors::default();
+        let ambient = labels(&[(DATAPLANE_MODE_LABEL, "ambient")]);
+        let sidecar = labels(&[(SIDECAR_STATUS_ANNOTATION, "{}")]);
+        let empty = Labels::new();
+        let pod = |host_network, annotations| PodFacts { namespace: "shop", labels: &empty, annotations, host_network };
+        assert_eq!(exclusion(&pod(true, &sidecar), &["shop".into()]), Some(Exclusion::HostNetwork));
+        assert_eq!(exclusion(&pod(false, &sidecar), &["shop".into()]), Some(Exclusion::Sidecar));
+        assert_eq!(exclusion(&pod(false, &empty), &["shop".into()]), Some(Exclusion::ExcludedNamespace));
+        assert_eq!(exclusion(&pod(false, &empty), &[]), None);
+        assert_eq!(s.matching(&ambient, &empty).map(|(i, _)| i), Some(0), "the pod label entry");
+        assert_eq!(s.matching(&empty, &ambient).map(|(i, _)| i), Some(1), "the namespace label entry");
+        assert!(s.matching(&empty, &empty).is_none());
     }
 
     #[test]

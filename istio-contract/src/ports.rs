@@ -21,5 +21,9 @@ pub const ENVOY_PROMETHEUS: u16 = 15090;
 pub const PROXY_OWN: [u16; 7] = [ADMIN, OUTBOUND, INBOUND_PLAINTEXT, HBONE, STATS, READINESS, DNS];
 /// istio-cni's metrics port on the node (`MONITORING_PORT`).
 pub const CNI_MONITORING: u16 = 15014;
+/// The node agent's localhost-only admin port (`ADMIN_PORT`): `GET /debug/pods/...`, which
+/// `node-agent explain` reads. Ours, not Istio's: no Istio component uses it, so it cannot clash with a proxy's
+/// ports in the node's network namespace.
+pub const CNI_ADMIN: u16 = 15016;
 /// istio-cni's readiness port on the node (`READINESS_PORT`).
 pub const CNI_READINESS: u16 = 8000;

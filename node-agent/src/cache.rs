@@ -49,6 +49,11 @@ impl PodCache {
         self.lock().values().map(|p| (p.uid.clone(), p.info.clone())).collect()
     }
 
+    /// Every enrolled pod, in UID order: what the host probe self-test picks its pod from.
+    pub fn pods(&self) -> Vec<Enrolled> {
+        self.lock().values().cloned().collect()
+    }
+
     /// Number of enrolled pods.
     pub fn count(&self) -> usize {
         self.lock().len()

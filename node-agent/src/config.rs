@@ -67,6 +67,24 @@ pub struct Config {
     /// The IPv6 counterpart of `HOST_PROBE_SNAT_IP`.
     #[arg(long, env = "HOST_PROBE_SNAT_IPV6", default_value_t = PROBE_SNAT_V6)]
     pub host_probe_snat_ipv6: Ipv6Addr,
+    /// How often the host probe path is tested end to end on one enrolled pod (a connect from the host netns that
+    /// the pod must see from `HOST_PROBE_SNAT_IP`); a failure makes the agent unready. `0s` turns it off.
+    #[arg(long, env = "PROBE_SELFTEST_INTERVAL", default_value = "60s", value_parser = daemon::common_args::parse_duration)]
+    pub probe_selftest_interval: std::time::Duration,
+    /// The loopback-only admin port `node-agent explain` asks (`GET /debug/pods/NAMESPACE/NAME`); 0 turns it
+    /// off.
+    #[arg(long, env = crate::admin::PORT_ENV, default_value_t = crate::admin::DEFAULT_PORT)]
+    pub admin_port: u16,
+    /// How often every enrolled ambient pod's in-pod rules, the host probe rule and entries, and running sidecar
+    /// pods' rules are compared with what the agent and the plugin program, and drift repaired (jittered by up to
+    /// 15 %, so agents do not all re-check at once). `0s` turns the periodic check off; an on-demand check still
+    /// runs (with ambient).
+    #[arg(long, env = "DRIFT_CHECK_INTERVAL", default_value = "60s", value_parser = daemon::common_args::parse_duration)]
+    pub drift_check_interval: std::time::Duration,
+    /// Also re-program a sidecar pod whose rules drifted (the plugin's rules, as in-place repair programs them).
+    /// Off by default: sidecar drift is only reported (`nodeagent_drift_detected_total{kind="sidecar_rules"}`).
+    #[arg(long, env = "DRIFT_REPAIR_SIDECAR", default_value_t = false, action = ArgAction::Set)]
+    pub drift_repair_sidecar: bool,
     /// The race repair controller (pods that started before the plugin was chained).
     #[command(flatten)]
     pub repair: RepairConfig,
@@ -241,6 +259,26 @@ mod tests {
             Config::try_parse_from(["node-agent", "--node-name", "n", "--host-probe-snat-ip", "169.254.7.200"])
                 .unwrap();
         assert_eq!(config.host_probe_snat_ip, Ipv4Addr::new(169, 254, 7, 200));
+    }
+
+    #[test]
+    fn the_probe_selftest_runs_every_minute_unless_set() {
+        let config = Config::try_parse_from(["node-agent", "--node-name", "n"]).unwrap();
+        assert_eq!(config.probe_selftest_interval, std::time::Duration::from_secs(60));
+        let config =
+            Config::try_parse_from(["node-agent", "--node-name", "n", "--probe-selftest-interval", "2s"]).unwrap();
+        assert_eq!(config.probe_selftest_interval, std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn drift_is_checked_every_minute_and_sidecar_drift_only_reported_unless_set() {
+        let config = Config::try_parse_from(["node-agent", "--node-name", "n"]).unwrap();
+        assert_eq!(config.drift_check_interval, std::time::Duration::from_secs(60));
+        assert!(!config.drift_repair_sidecar);
+        let args = ["node-agent", "--node-name", "n", "--drift-check-interval", "2s", "--drift-repair-sidecar", "true"];
+        let config = Config::try_parse_from(args).unwrap();
+        assert_eq!(config.drift_check_interval, std::time::Duration::from_secs(2));
+        assert!(config.drift_repair_sidecar);
     }
 
     #[test]

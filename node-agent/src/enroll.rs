@@ -42,8 +42,10 @@ use zds::server::ZdsHandle;
 
 use crate::cache::{Enrolled, PodCache};
 use crate::config::Config;
+use crate::explain::report::ProxyState;
 use crate::metrics::Metrics;
-use crate::pod_gate::PodGate;
+use crate::pod_gate::{Pass, PodGate};
+use crate::timeline::{Clock, Source, Timelines};
 
 /// Why a pod could not be enrolled or removed; the message goes back to the plugin.
 /// The longest one API call of an enrollment may take before it counts as failed.
@@ -173,6 +175,11 @@ struct Done {
     proxy: bool,
     /// The host probe entry was (or may have been, on a failure) added.
     probe: bool,
+    /// The annotation was set: a rollback after it takes it back.
+    annotated: bool,
+    /// The plugin's answer deadline (its path only): no step starts after it, and a step still running at it is
+    /// abandoned, so a plugin that gave up never leaves an enrollment holding the pod's netns.
+    answer_by: Option<Instant>,
 }
 
 /// What a failed enrollment leaves in place.
@@ -201,6 +208,8 @@ pub struct Enroller {
     /// Enrolled pods (the proxy acked them) whose annotation failed: the watch's retry annotates them
     /// ([`Enroller::annotate_pending`]); nothing else would, since they are enrolled.
     unannotated: std::sync::Mutex<HashSet<String>>,
+    /// Each pod's latest enrollment, step by step, for `node-agent explain`; a pod's record goes with the pod.
+    timelines: Timelines,
     #[cfg(debug_assertions)]
     pause: Option<pause::Pause>,
 }
@@ -247,6 +256,7 @@ impl Enroller {
             metrics,
             gate: PodGate::default(),
             unannotated: std::sync::Mutex::default(),
+            timelines: Timelines::default(),
             #[cfg(debug_assertions)]
             pause: pause::Pause::from_env(),
         })
@@ -273,6 +283,32 @@ impl Enroller {
     /// The cache of enrolled pods.
     pub fn cache(&self) -> &PodCache {
         &self.cache
+    }
+
+    /// Each pod's latest enrollment, for `node-agent explain`.
+    pub fn timelines(&self) -> &Timelines {
+        &self.timelines
+    }
+
+    /// The host probe set, which explain reads.
+    pub fn hostprobe(&self) -> Arc<HostProbe> {
+        self.hostprobe.clone()
+    }
+
+    /// Pod `uid`'s pass and cache entry, if it is enrolled and not deleted: the drift check holds the pass while
+    /// it reads and repairs the pod's rules, so it never runs during an enrollment or removal of the pod, and never
+    /// touches a pod being removed (waiting here until the removal is done, then finding no entry).
+    pub async fn enrolled_pass(&self, uid: &str) -> Option<(Pass, Enrolled)> {
+        let pass = self.gate.enter(uid).await;
+        if self.gate.is_deleted(uid) {
+            return None;
+        }
+        Some((pass, self.cache.get(uid)?))
+    }
+
+    /// The backend of the in-pod rules.
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// The in-pod rule settings for `pod`: agent defaults overridden by the pod's annotations. Every value that
@@ -331,17 +367,30 @@ impl Enroller {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let span = tracing::info_span!("enroll", pod = %key(pod), uid = %uid);
         async {
-            let _pass = self.gate.enter(&uid).await;
-            let mut done = Done::default();
+            let answer_by = match on_failure {
+                OnFailure::Undo { answer_by } => Some(answer_by),
+                OnFailure::Keep => None,
+            };
+            // Another operation on the pod may hold its pass: the plugin waits for the pass no longer than it waits
+            // for the answer.
+            let Some(pass) = by_deadline(answer_by, self.gate.enter(&uid)).await else {
+                return Err(EnrollError::TooLate { pod: key(pod), late: Duration::ZERO });
+            };
+            let mut done = Done { answer_by, ..Done::default() };
+            let source = if on_failure == OnFailure::Keep { Source::Watch } else { Source::Plugin };
+            // A deleted pod is refused before its first step: its record went with its removal.
+            if !self.gate.is_deleted(&uid) {
+                self.timelines.begin(&uid, source, &ips);
+            }
             let mut result = self.enroll_steps(pod, netns, &ips, &mut done, on_failure).await;
-            let OnFailure::Undo { answer_by } = on_failure else { return result };
+            let OnFailure::Undo { answer_by } = on_failure else {
+                self.timelines.finish(&uid, result.as_ref().map(drop).map_err(ToString::to_string));
+                return result;
+            };
             let now = Instant::now();
             if result.is_ok() && now > answer_by {
                 let late = now.duration_since(answer_by);
                 result = Err(EnrollError::TooLate { pod: key(pod), late });
-                if let Err(e) = self.annotate_remove(pod).await {
-                    tracing::warn!(error = %e, "taking back the annotation of an enrollment done too late");
-                }
             }
             match &result {
                 // A deletion was rolled back at its checkpoint already.
@@ -351,6 +400,19 @@ impl Enroller {
                     tracing::info!(%error, "enrollment for the plugin failed: rolled back");
                 }
             }
+            // After the rollback, which let go of the netns, and without holding up the answer: this request may
+            // take a while. The task keeps the pod's pass, so a retried ADD of the pod waits for it.
+            if done.annotated && !matches!(result, Ok(()) | Err(EnrollError::Deleted { .. })) {
+                let (client, pod) = (self.client.clone(), pod.clone());
+                let take_back = async move {
+                    let _pass = pass;
+                    if let Err(e) = annotate_remove(&client, &pod).await {
+                        tracing::warn!(error = %e, "taking back the annotation of an enrollment rolled back");
+                    }
+                };
+                tokio::spawn(take_back.in_current_span());
+            }
+            self.timelines.finish(&uid, result.as_ref().map(drop).map_err(ToString::to_string));
             result
         }
         .instrument(span)
@@ -370,34 +432,55 @@ impl Enroller {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         self.checkpoint(Stage::Rules, pod, &ips, done).await?;
         let started = Instant::now();
-        let fd = netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() })?;
-        self.program_rules(pod, netns).await?;
+        let clock = Clock::start();
+        let fd = netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() });
+        let fd = self.step(&uid, "netns", clock, fd)?;
+        let clock = Clock::start();
+        let programmed = self.program_rules(pod, netns).await;
+        self.step(&uid, "rules", clock, programmed)?;
         self.metrics.phase("rules", started);
 
         self.checkpoint(Stage::Proxy, pod, &ips, done).await?;
         let started = Instant::now();
+        let clock = Clock::start();
         let info = workload_info(pod);
         let fd = Arc::new(fd);
         self.cache.insert(Enrolled { uid: uid.clone(), info: info.clone(), ips: ips.clone(), netns: Some(fd.clone()) });
         done.proxy = true;
         self.metrics.enrolled_pods.set(self.cache.count() as i64);
-        if let Err(source) = self.zds.add(&uid, info, fd.as_ref()).await {
+        self.timelines.proxy(&uid, ProxyState::Sent);
+        let added = by_deadline(done.answer_by, self.zds.add(&uid, info, fd.as_ref())).await;
+        let Some(added) = added else { return Err(self.too_late(pod, done)) };
+        if let Err(source) = added {
+            self.timelines.proxy(&uid, ProxyState::Error { message: source.to_string() });
+            self.timelines.phase(&uid, "proxy_ack", clock, Some(source.to_string()));
             // Deleted meanwhile: the deletion wins over the proxy's answer.
             self.checkpoint(Stage::Probe, pod, &ips, done).await?;
             // As Istio's partial add: the plugin's ADD fails too, but the pod says why until its retry.
-            self.annotate(pod, "pending").await.ok();
+            by_deadline(done.answer_by, self.annotate(pod, "pending")).await;
             return Err(EnrollError::Proxy { pod: name, source });
         }
+        self.timelines.proxy(&uid, ProxyState::Acked);
+        self.timelines.phase(&uid, "proxy_ack", clock, None);
         self.metrics.phase("proxy_ack", started);
 
         self.checkpoint(Stage::Probe, pod, &ips, done).await?;
         done.probe = true;
-        if let Err(e) = self.probe_add(&uid, &ips).await {
+        let clock = Clock::start();
+        let probed = self.probe_add(&uid, &ips).await;
+        if let Err(e) = &probed {
             tracing::error!(error = %e, "host probe set");
         }
+        self.timelines.phase(&uid, "probe", clock, probed.err());
         self.checkpoint(Stage::Annotate, pod, &ips, done).await?;
         let started = Instant::now();
-        if let Err(e) = self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await {
+        let clock = Clock::start();
+        let annotated = by_deadline(done.answer_by, self.annotate(pod, AMBIENT_REDIRECTION_ENABLED)).await;
+        // A request abandoned at the deadline may still land: the rollback takes it back like a done one.
+        done.annotated = annotated.as_ref().is_none_or(Result::is_ok);
+        let annotated = annotated.unwrap_or_else(|| Err(self.too_late(pod, done)));
+        self.timelines.phase(&uid, "annotate", clock, annotated.as_ref().err().map(ToString::to_string));
+        if let Err(e) = annotated {
             // A deleted pod cannot be annotated: that is the deletion, not an API failure.
             self.checkpoint(Stage::Enrolled, pod, &ips, done).await?;
             if on_failure == OnFailure::Keep {
@@ -413,6 +496,25 @@ impl Enroller {
         Ok(())
     }
 
+    /// The failure of a plugin enrollment that ran past its answer deadline; [`Enroller::enroll_with`] rolls it
+    /// back.
+    fn too_late(&self, pod: &Pod, done: &Done) -> EnrollError {
+        let late = done.answer_by.map_or(Duration::ZERO, |by| Instant::now().saturating_duration_since(by));
+        EnrollError::TooLate { pod: key(pod), late }
+    }
+
+    /// Records step `name` of pod `uid`, begun at `clock`, with its `result`, and hands the result on.
+    fn step<T>(
+        &self,
+        uid: &str,
+        name: &'static str,
+        clock: Clock,
+        result: Result<T, EnrollError>,
+    ) -> Result<T, EnrollError> {
+        self.timelines.phase(uid, name, clock, result.as_ref().err().map(ToString::to_string));
+        result
+    }
+
     /// Between two steps: pauses here if the test hook says so (debug builds), then, if the pod was deleted
     /// meanwhile, undoes what was `done` and fails with [`EnrollError::Deleted`].
     async fn checkpoint(&self, stage: Stage, pod: &Pod, ips: &[IpAddr], done: &Done) -> Result<(), EnrollError> {
@@ -422,6 +524,10 @@ impl Enroller {
             pause.at(stage, uid).await;
         }
         if !self.gate.is_deleted(uid) {
+            // Past the plugin's deadline: the caller's rollback undoes what was done.
+            if done.answer_by.is_some_and(|by| Instant::now() >= by) {
+                return Err(self.too_late(pod, done));
+            }
             return Ok(());
         }
         self.undo(uid, ips, done).await;
@@ -441,7 +547,10 @@ impl Enroller {
         if !self.unannotated().contains(&uid) || self.cache.get(&uid).is_none() {
             return Ok(());
         }
-        self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await?;
+        let clock = Clock::start();
+        let annotated = self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await;
+        self.step(&uid, "annotate", clock, annotated)?;
+        self.timelines.finish(&uid, Ok(()));
         self.unannotated().remove(&uid);
         tracing::info!(pod = %key(pod), uid = %uid, "annotated after a failed attempt");
         Ok(())
@@ -501,18 +610,39 @@ impl Enroller {
         if self.gate.is_deleted(&uid) {
             return Err(EnrollError::Deleted { pod: name, uid, stage: Stage::Rules.name() });
         }
+        self.timelines.begin(&uid, Source::Restore, &ips);
+        let result = self.restore_steps(pod, netns, ips, reprogram).await;
+        self.timelines.finish(&uid, result.as_ref().map(drop).map_err(ToString::to_string));
+        result
+    }
+
+    async fn restore_steps(
+        &self,
+        pod: &Pod,
+        netns: Option<Netns>,
+        ips: Vec<IpAddr>,
+        reprogram: bool,
+    ) -> Result<(), EnrollError> {
+        let name = key(pod);
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
         let mut fd = None;
         if let Some(netns) = netns {
             fd = Some(Arc::new(
                 netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() })?,
             ));
             if reprogram {
-                self.program_rules(pod, netns).await?;
+                let clock = Clock::start();
+                let programmed = self.program_rules(pod, netns).await;
+                self.step(&uid, "rules", clock, programmed)?;
             }
         }
-        if let Err(e) = self.probe_add(&uid, &ips).await {
+        let clock = Clock::start();
+        let probed = self.probe_add(&uid, &ips).await;
+        if let Err(e) = &probed {
             tracing::error!(pod = %name, error = %e, "host probe set");
         }
+        self.timelines.phase(&uid, "probe", clock, probed.err());
+        self.timelines.proxy(&uid, ProxyState::Snapshot);
         self.cache.insert(Enrolled { uid, info: workload_info(pod), ips, netns: fd });
         self.metrics.enrolled_pods.set(self.cache.count() as i64);
         Ok(())
@@ -538,6 +668,7 @@ impl Enroller {
         let name = key(pod);
         let _pass = self.gate.enter(&uid).await;
         self.unannotated().remove(&uid);
+        self.timelines.forget(&uid);
         let Some(entry) = self.cache.remove(&uid) else { return Ok(()) };
         if let Err(e) = self.probe_remove(&uid, &entry.ips).await {
             tracing::error!(pod = %name, error = %e, "host probe set");
@@ -573,24 +704,39 @@ impl Enroller {
     }
 
     async fn annotate_remove(&self, pod: &Pod) -> Result<(), EnrollError> {
-        let patch = json!({ "metadata": { "annotations": { AMBIENT_REDIRECTION: null } } });
-        self.patch_status(pod, patch).await
+        annotate_remove(&self.client, pod).await
     }
 
-    /// Through `pods/status`, as Istio does, so the agent needs no write access to pods themselves. Bounded by
-    /// [`API_CALL_TIMEOUT`]: an enrollment waiting on an unanswered request would hold the pod's netns and its
-    /// rollback (found by the soak test).
     async fn patch_status(&self, pod: &Pod, patch: serde_json::Value) -> Result<(), EnrollError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or_default());
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let params = PatchParams::default();
-        let patch = Patch::Merge(&patch);
-        match tokio::time::timeout(API_CALL_TIMEOUT, api.patch_status(name, &params, &patch)).await {
-            Ok(answer) => {
-                answer.map(drop).map_err(|source| EnrollError::Api { pod: key(pod), what: "annotate", source })
-            }
-            Err(_) => Err(EnrollError::ApiTimeout { pod: key(pod), what: "annotate", after: API_CALL_TIMEOUT }),
-        }
+        patch_status(&self.client, pod, patch).await
+    }
+}
+
+/// Takes the ambient annotation off `pod`.
+async fn annotate_remove(client: &Client, pod: &Pod) -> Result<(), EnrollError> {
+    let patch = json!({ "metadata": { "annotations": { AMBIENT_REDIRECTION: null } } });
+    patch_status(client, pod, patch).await
+}
+
+/// Through `pods/status`, as Istio does, so the agent needs no write access to pods themselves. Bounded by
+/// [`API_CALL_TIMEOUT`]: an enrollment waiting on an unanswered request would hold the pod's netns and its rollback
+/// (found by the soak test).
+async fn patch_status(client: &Client, pod: &Pod, patch: serde_json::Value) -> Result<(), EnrollError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), pod.metadata.namespace.as_deref().unwrap_or_default());
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let params = PatchParams::default();
+    let patch = Patch::Merge(&patch);
+    match tokio::time::timeout(API_CALL_TIMEOUT, api.patch_status(name, &params, &patch)).await {
+        Ok(answer) => answer.map(drop).map_err(|source| EnrollError::Api { pod: key(pod), what: "annotate", source }),
+        Err(_) => Err(EnrollError::ApiTimeout { pod: key(pod), what: "annotate", after: API_CALL_TIMEOUT }),
+    }
+}
+
+/// Runs `step` to its end, or until `deadline` (when there is one): `None` when the deadline came first.
+async fn by_deadline<T>(deadline: Option<Instant>, step: impl std::future::Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(by) => tokio::time::timeout_at(by.into(), step).await.ok(),
+        None => Some(step.await),
     }
 }
 

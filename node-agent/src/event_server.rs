@@ -313,7 +313,7 @@ impl EventServer {
             Asked::CmdAdd(event) => {
                 let pod = match self.lookup.pod(&event.pod_namespace, &event.pod_name, event.pod_uid.as_deref()).await {
                     Some(pod) => pod,
-                    None => Arc::new(self.get(&event).await?),
+                    None => Arc::new(self.get(&event, answer_by).await?),
                 };
                 self.checks.check_pod(&pod, &event).map_err(EventError::Refused)?;
                 self.enroll(&pod, &event, answer_by).await.map(|()| None)
@@ -359,13 +359,15 @@ impl EventServer {
         Ok(ambient.selectors.matches(facts.labels, &labels))
     }
 
-    /// GETs the event's pod: the watch did not deliver it in time.
-    async fn get(&self, event: &CmdAdd) -> Result<Pod, EventError> {
+    /// GETs the event's pod: the watch did not deliver it in time. Bounded by the answer deadline (the plugin
+    /// stops waiting then) as well as by [`API_CALL_TIMEOUT`].
+    async fn get(&self, event: &CmdAdd, answer_by: std::time::Instant) -> Result<Pod, EventError> {
         let name = format!("{}/{}", event.pod_namespace, event.pod_name);
         let api = Api::<Pod>::namespaced(self.client.clone(), &event.pod_namespace);
-        match tokio::time::timeout(API_CALL_TIMEOUT, api.get(&event.pod_name)).await {
+        let bound = answer_by.saturating_duration_since(std::time::Instant::now()).min(API_CALL_TIMEOUT);
+        match tokio::time::timeout(bound, api.get(&event.pod_name)).await {
             Ok(answer) => answer.map_err(|e| EventError::Failed(format!("get pod {name}: {e}"))),
-            Err(_) => Err(EventError::Failed(format!("get pod {name}: no answer within {API_CALL_TIMEOUT:?}"))),
+            Err(_) => Err(EventError::Failed(format!("get pod {name}: no answer within {bound:?}"))),
         }
     }
 

@@ -1,17 +1,25 @@
 //! `node-agent`: enrolls ambient pods on this node and streams their network namespaces to the node proxy; its
 //! repair controller also repairs (in place), labels or deletes sidecar pods that started before the plugin was ready.
+//!
+//! `node-agent explain ...` is the operator's subcommand: it asks the running agent, on its admin port, why a pod
+//! is or is not in the mesh (see [`explain`]).
 
+mod admin;
 mod cache;
 mod config;
+mod drift;
 mod enroll;
 mod event_server;
+mod explain;
 mod metrics;
 mod node_pods;
 mod plugin_logs;
 mod plugin_socket;
 mod pod_gate;
 mod pod_lookup;
+mod probe_selftest;
 mod repair;
+mod timeline;
 mod watch;
 
 use std::process::ExitCode;
@@ -32,6 +40,11 @@ use crate::node_pods::NodePods;
 use crate::pod_lookup::PodLookup;
 
 fn main() -> ExitCode {
+    // The subcommand first: the daemon's flags and env are not its own.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "explain") {
+        return explain::cli::main(&args[2..]);
+    }
     daemon::lifecycle::main(run)
 }
 
@@ -42,17 +55,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.context("Kubernetes client")?;
     // Ambient pods and in-place repairs of sidecar pods get their rules from the same backend.
     let backend = if config.ambient_enabled || repair::repairs_in_place(&config.repair) {
-        // Detection runs the iptables binaries and lists tables: blocking work, off the async workers.
-        let (native, force) = (config.native_nftables, config.force_iptables_binary.clone());
-        let backend = tokio::task::spawn_blocking(move || {
-            let backend = Backend::select(native, force.as_deref())?;
-            tracing::info!(%backend, "in-pod rules backend");
-            redirect::backend::warn_if_mixed(backend);
-            anyhow::Ok(backend)
-        })
-        .await
-        .context("rule backend selection task")??;
-        Some(backend)
+        Some(select_backend(&config).await?)
     } else {
         None
     };
@@ -64,6 +67,8 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let enrollment = config.ambient_enabled.then(|| pods.subscribe());
     // The plugin's pod source, in every mode: its ADD asks the agent instead of the API.
     let pod_store = pods.lookups();
+    let explained_pods = pod_store.store.clone();
+    let drift_pods = pod_store.store.clone();
     tokio::spawn(pods.run());
     let host_netns = match &config.host_netns {
         Some(path) => netns::Netns::open(path).with_context(|| format!("HOST_NETNS {}", path.display()))?,
@@ -74,6 +79,32 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         // Sidecar-only installs run the agent for the repair controller and as the plugin's pod source: no ambient
         // rules, host probe or ZDS socket.
         tracing::info!("ambient disabled: the repair controller runs, and the plugin's pod lookups are served");
+        // Sidecar pods' rules are checked for drift here too (their netns found through the host /proc), with the
+        // repair controller's backend or one selected for the check; a node where none can be selected runs without.
+        let drift_backend = if config.drift_check_interval.is_zero() {
+            None
+        } else if !config.host_proc.is_dir() {
+            let host_proc = config.host_proc.display();
+            tracing::info!(%host_proc, "no host /proc: sidecar pods' rules are not checked for drift");
+            None
+        } else if backend.is_some() {
+            backend
+        } else {
+            select_backend(&config)
+                .await
+                .inspect_err(
+                    |e| tracing::warn!(error = %format!("{e:#}"), "sidecar pods' rules are not checked for drift"),
+                )
+                .ok()
+        };
+        let drift = drift_backend.map(|b| drift::Drift::new(&config, b, None, drift_pods, metrics.clone()));
+        let explained_backend = drift_backend.or(backend);
+        let mut explainer =
+            explain::build::Explainer::new(&config, selectors, explained_pods, None, None, explained_backend);
+        if let Some(drift) = &drift {
+            explainer = explainer.with_drift(drift.clone());
+        }
+        admin::serve(config.admin_port, Arc::new(explainer), drain.clone()).await;
         match event_server::bind(&config.cni_agent_run_dir) {
             Ok((listener, socket)) => {
                 tracing::info!(socket = %socket.display(), "serving the plugin's pod lookups");
@@ -87,6 +118,9 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         }
         drop(drain);
         startup.clear();
+        if let Some(drift) = drift {
+            tokio::spawn(drift.run());
+        }
         let sig = shutdown.await;
         tracing::info!(signal = ?sig, "shutting down");
         return Ok(());
@@ -108,6 +142,15 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         tracing::info!(uid, "host probe rule matches the kubelet's uid");
         probe_config.kubelet_uid = uid;
     }
+    // The self-test connects from the host netns as the kubelet would: as its uid where the rule matches it.
+    let selftest_path = probe_selftest::ProbePath {
+        snat_v4: probe_config.snat_v4,
+        snat_v6: probe_config.snat_v6,
+        ipv6: probe_config.enable_ipv6,
+        uid: matches!(backend, Backend::Nftables).then_some(probe_config.kubelet_uid),
+    };
+    let selftest_host = netns::Netns::from_fd(host_netns.try_clone_fd().context("HOST_NETNS fd")?, host_netns.path())
+        .context("HOST_NETNS")?;
     let hostprobe = tokio::task::spawn_blocking(move || HostProbe::ensure(host_netns, backend, probe_config))
         .await
         .context("host probe task")?
@@ -116,12 +159,26 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("ZDS socket {}", config.ztunnel_uds_address.display()))?;
     let cache = PodCache::default();
+    let selftest_cache = cache.clone();
     let enroller =
         Enroller::new(config.clone(), backend, client.clone(), zds.handle(), cache.clone(), hostprobe, metrics.clone());
+    // Re-checks the enrolled pods' rules and the host probe rule, and repairs drift (see `drift`); started below.
+    let drift = drift::Drift::new(&config, backend, Some(enroller.clone()), drift_pods, metrics.clone());
 
     // Caches first, then the pods enrolled before a restart, and only then the proxy and the plugin.
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
     let (namespaces, namespace_writer) = kube::runtime::reflector::store();
+    // Served from here on, so explain can tell why a pod waits while the caches sync.
+    let explainer = explain::build::Explainer::new(
+        &config,
+        selectors.clone(),
+        explained_pods,
+        Some(namespaces.clone()),
+        Some(enroller.clone()),
+        Some(backend),
+    )
+    .with_drift(drift.clone());
+    admin::serve(config.admin_port, Arc::new(explainer), drain.clone()).await;
     let sources = watch::Sources { pods: pod_events, client: client.clone(), namespace_store: namespace_writer };
     tokio::spawn(watch::run(sources, config.clone(), selectors, enroller.clone(), metrics.clone(), synced_tx));
     startup.block("waiting for this node's pods to be listed and the pods enrolled before a restart to be found");
@@ -149,6 +206,24 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     ));
     drop(drain);
     startup.clear();
+    // A failed probe self-test asks for a drift check at once: a missing host probe rule is put back right away.
+    let selftest_drift = drift.clone();
+    tokio::spawn(drift.run());
+    if config.probe_selftest_interval.is_zero() {
+        tracing::info!("host probe self-test off (PROBE_SELFTEST_INTERVAL=0s)");
+    } else {
+        let interval = config.probe_selftest_interval;
+        let selftest = probe_selftest::SelfTest::new(
+            selftest_host,
+            selftest_cache,
+            selftest_path,
+            interval,
+            metrics.clone(),
+            probes,
+        )
+        .on_failure(move || selftest_drift.check_now());
+        tokio::spawn(selftest.run());
+    }
 
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tokio::pin!(shutdown);
@@ -166,4 +241,18 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     // The shared main turns the agent unready and drains the socket servers (bounded by
     // CONNECTION_TERMINATION_DEADLINE).
     Ok(())
+}
+
+/// The in-pod rules backend (`NATIVE_NFTABLES`, `FORCE_IPTABLES_BINARY`, or detected from the host's tables).
+async fn select_backend(config: &Config) -> anyhow::Result<Backend> {
+    // Detection runs the iptables binaries and lists tables: blocking work, off the async workers.
+    let (native, force) = (config.native_nftables, config.force_iptables_binary.clone());
+    tokio::task::spawn_blocking(move || {
+        let backend = Backend::select(native, force.as_deref())?;
+        tracing::info!(%backend, "in-pod rules backend");
+        redirect::backend::warn_if_mixed(backend);
+        anyhow::Ok(backend)
+    })
+    .await
+    .context("rule backend selection task")?
 }

@@ -1,6 +1,6 @@
 //! The node agent's Prometheus metrics, registered once.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -54,6 +54,32 @@ pub struct Source {
     pub source: &'static str,
 }
 
+/// The empty label set, for a metric that must stay absent until it has something to say: a [`Family`] keyed by
+/// it exposes its one series, without braces, only once created.
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+pub struct Unlabelled;
+
+impl EncodeLabelSet for Unlabelled {
+    fn encode(&self, _encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        Ok(())
+    }
+}
+
+/// Label of the host probe self-test counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SelfTestRun {
+    /// `ok`, `fail` or `no_pod`.
+    pub result: &'static str,
+}
+
+/// Label of the drift counters: what drifted.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriftKind {
+    /// `inpod_rules` (an ambient pod's rules), `host_probe` (the host's SNAT rule or a pod's probe set entry) or
+    /// `sidecar_rules` (a sidecar pod's rules).
+    pub kind: &'static str,
+}
+
 /// Everything operators watch on the agent.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -73,6 +99,14 @@ pub struct Metrics {
     pub pods_repaired: Family<RepairType, Counter>,
     /// Scans of `/proc` for running pods' netns; one per namespace label change, however many pods it enrolls.
     pub proc_scans: Counter,
+    /// Whether the latest host probe self-test passed (1) or failed (0); absent while no pod was tested.
+    pub probe_selftest_ok: Family<Unlabelled, Gauge>,
+    /// Host probe self-tests, by result.
+    pub probe_selftest_runs: Family<SelfTestRun, Counter>,
+    /// Drift found by the drift check (rules or entries missing or changed), by kind.
+    pub drift_detected: Family<DriftKind, Counter>,
+    /// Drift the drift check repaired, by kind.
+    pub drift_repaired: Family<DriftKind, Counter>,
 }
 
 impl Metrics {
@@ -87,6 +121,10 @@ impl Metrics {
             enrollment_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14))),
             pods_repaired: Family::default(),
             proc_scans: Counter::default(),
+            probe_selftest_ok: Family::default(),
+            probe_selftest_runs: Family::default(),
+            drift_detected: Family::default(),
+            drift_repaired: Family::default(),
         };
         registry.register(
             "istio_cni_plugin_requests",
@@ -110,6 +148,27 @@ impl Metrics {
             "nodeagent_proc_scans",
             "Scans of /proc for the netns of running pods (one per namespace label change or startup)",
             m.proc_scans.clone(),
+        );
+        registry.register(
+            "nodeagent_probe_selftest_ok",
+            "1 if the latest host probe self-test saw an enrolled pod reached from the probe SNAT address, 0 if not; absent while no pod was tested",
+            m.probe_selftest_ok.clone(),
+        );
+        registry.register(
+            "nodeagent_probe_selftest_runs",
+            "Host probe self-tests by result (ok, fail, no_pod)",
+            m.probe_selftest_runs.clone(),
+        );
+        // Counters get `_total`: nodeagent_drift_detected_total and nodeagent_drift_repaired_total.
+        registry.register(
+            "nodeagent_drift_detected",
+            "Drift found by the drift check, by kind (inpod_rules, host_probe, sidecar_rules)",
+            m.drift_detected.clone(),
+        );
+        registry.register(
+            "nodeagent_drift_repaired",
+            "Drift the drift check repaired, by kind (inpod_rules, host_probe, sidecar_rules)",
+            m.drift_repaired.clone(),
         );
         // The registry adds no prefix and the counter adds `_total`: exposed as istio_cni_repair_pods_repaired_total.
         registry.register(

@@ -223,7 +223,7 @@ fn family_rules(cfg: &InpodConfig, family: Family, probe_src: IpAddr, loopback: 
 }
 
 /// Our chains in the pod's tables; `remove` deletes exactly these and the jumps into them.
-const OWNED: [(Table, &[&str]); 3] = [
+pub(crate) const OWNED: [(Table, &[&str]); 3] = [
     (Table::Mangle, &[chains::PRERT, chains::OUTPUT]),
     (Table::Nat, &[chains::PRERT, chains::OUTPUT]),
     (Table::Raw, &[chains::PRERT, chains::OUTPUT]),

@@ -7,6 +7,7 @@ use std::fmt;
 use netns::Netns;
 
 use crate::ambient::{self, AmbientPlan};
+use crate::inspect::{self, RuleReport};
 use crate::iptables::{self, IptablesBackend, IptablesError};
 use crate::nft::{self, NftError};
 use crate::sidecar::Plan;
@@ -85,6 +86,29 @@ impl Backend {
             Backend::Iptables(b) => Ok(ambient::remove_iptables(netns, b)?),
             Backend::Nftables => Ok(ambient::remove_nftables(netns)?),
         }
+    }
+
+    /// Reads the ambient in-pod rules in `netns` and compares them with `plan` (the rules [`Backend::apply_ambient`]
+    /// programs): one `iptables-save` per family of the plan, or one nftables rule dump. Drift repair and
+    /// `explain` use it; it changes nothing.
+    pub fn inspect_ambient(self, netns: &Netns, plan: &AmbientPlan) -> Result<RuleReport, BackendError> {
+        let mut report = match self {
+            Backend::Iptables(b) => inspect::ambient_iptables(netns, plan, b)?,
+            Backend::Nftables => inspect::ambient_nftables(netns, plan)?,
+        };
+        report.backend = self.to_string();
+        Ok(report)
+    }
+
+    /// Reads a sidecar pod's rules in `netns` and compares them with `plan` (the rules [`Backend::program`]
+    /// programs): every rule of the tables the sidecar owns, so anyone else's rule there shows as unexpected.
+    pub fn inspect_sidecar(self, netns: &Netns, plan: &Plan) -> Result<RuleReport, BackendError> {
+        let mut report = match self {
+            Backend::Iptables(b) => inspect::sidecar_iptables(netns, plan, b)?,
+            Backend::Nftables => inspect::sidecar_nftables(netns, plan)?,
+        };
+        report.backend = self.to_string();
+        Ok(report)
     }
 
     /// Removes everything this backend programs from `netns`.

@@ -224,6 +224,36 @@ async fn live_add_waits_for_the_ack_and_a_nack_is_an_error() {
 }
 
 #[tokio::test]
+async fn an_add_abandoned_while_queued_is_never_sent() {
+    let agent = Agent::start(ServerConfig::default(), Vec::new()).await;
+    let peer = good_peer(&agent, &[]).await;
+    within("connected", agent.handle.wait_connected(1)).await;
+
+    // The proxy is busy with a first Add (not acked yet), so a second one waits in the queue...
+    let (first, first_id) = pod_with_netns("first");
+    let handle = agent.handle.clone();
+    let fd = first.netns.clone().unwrap();
+    let busy = tokio::spawn(async move { handle.add("first", info("first"), fd).await });
+    expect_add(&peer, "first", first_id).await;
+    // ...and its caller gives up on it there (as an enrollment past the plugin's deadline does).
+    let (abandoned, _) = pod_with_netns("abandoned");
+    let queued = agent.handle.add("abandoned", info("abandoned"), abandoned.netns.clone().unwrap());
+    let gave_up = tokio::time::timeout(Duration::from_millis(200), queued).await;
+    assert!(gave_up.is_err(), "the queued Add cannot have been answered: the proxy is still busy");
+
+    ack(&peer).await;
+    within("first add", busy).await.unwrap().unwrap();
+    // The next request the proxy sees is the next live one: the abandoned Add was dropped, never sent.
+    let (next_pod, next_id) = pod_with_netns("next");
+    let handle = agent.handle.clone();
+    let fd = next_pod.netns.clone().unwrap();
+    let add = tokio::spawn(async move { handle.add("next", info("next"), fd).await });
+    expect_add(&peer, "next", next_id).await;
+    ack(&peer).await;
+    within("next add", add).await.unwrap().unwrap();
+}
+
+#[tokio::test]
 async fn add_without_a_proxy_fails_with_no_proxy() {
     let agent = Agent::start(ServerConfig::default(), Vec::new()).await;
     let netns = File::open("/proc/self/ns/net").unwrap();

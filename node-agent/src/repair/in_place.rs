@@ -10,6 +10,7 @@ use istio_contract::pod::PodInfo;
 use istio_contract::sidecar::{self, Decision, SettingsError};
 use k8s_openapi::api::core::v1::Pod;
 use redirect::backend::{Backend, BackendError};
+use redirect::sidecar::Plan;
 
 use crate::config::Config;
 use crate::watch::pod_ips;
@@ -52,6 +53,16 @@ pub enum RepairError {
     Task(#[from] tokio::task::JoinError),
 }
 
+/// The sidecar rules the plugin programs for `pod` at ADD (its annotations, IPv6 when it has an IPv6 address): what
+/// in-place repair programs and what the drift check compares a sidecar pod's netns with.
+pub fn sidecar_plan(pod: &Pod) -> Result<Plan, RepairError> {
+    let ips = pod_ips(pod);
+    if ips.is_empty() {
+        return Err(RepairError::NoIp);
+    }
+    Ok(redirect::sidecar::build(&sidecar::settings(&PodInfo::from(pod), ips.iter().any(IpAddr::is_ipv6))?))
+}
+
 /// In-place repair with the agent's rule backend and `/proc`.
 #[derive(Debug, Clone)]
 pub struct InPlace {
@@ -87,12 +98,8 @@ impl InPlace {
     /// Programs the sidecar rules of `pod` (which [`InPlace::skip_reason`] accepted) into its netns; blocks on
     /// `/proc` and the rule tools on a blocking thread.
     pub async fn repair(&self, pod: &Pod) -> Result<(), RepairError> {
-        let info = PodInfo::from(pod);
         let ips = pod_ips(pod);
-        if ips.is_empty() {
-            return Err(RepairError::NoIp);
-        }
-        let plan = redirect::sidecar::build(&sidecar::settings(&info, ips.iter().any(IpAddr::is_ipv6))?);
+        let plan = sidecar_plan(pod)?;
         let (this, uid) = (self.clone(), pod.metadata.uid.clone().unwrap_or_default());
         tokio::task::spawn_blocking(move || {
             let netns = netns::discover::find_pod_netns(&this.proc_dir, &uid, &ips)

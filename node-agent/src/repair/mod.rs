@@ -5,7 +5,7 @@
 
 mod broken;
 pub mod events;
-mod in_place;
+pub mod in_place;
 pub mod selectors;
 
 use std::collections::HashSet;

@@ -17,6 +17,7 @@ use netns::{Netns, NetnsError};
 pub use ipset::IpsetError;
 
 use crate::backend::Backend;
+use crate::inspect::{self, RuleReport};
 use crate::iptables::{chains, IptablesError};
 use crate::model::{Family, Match, Protocol, Rule, RuleSet, Table, Target};
 use crate::nft::layout::{BaseChain, Hook, NftChain};
@@ -213,24 +214,38 @@ pub struct HostProbe {
 impl HostProbe {
     /// Creates the sets (keeping their entries) and (re)programs the SNAT rule in `netns`. Idempotent.
     pub fn ensure(netns: Netns, backend: Backend, cfg: HostProbeConfig) -> Result<Self, HostProbeError> {
+        let probe = Self { netns, backend, cfg };
+        probe.reensure()?;
+        Ok(probe)
+    }
+
+    /// Programs the sets and the SNAT rule again, as [`HostProbe::ensure`] did (the sets keep their entries):
+    /// repairs a rule someone flushed. Idempotent.
+    pub fn reensure(&self) -> Result<(), HostProbeError> {
+        let (backend, cfg) = (self.backend, &self.cfg);
         let families = cfg.families();
-        netns.run(|| -> Result<(), HostProbeError> {
+        self.netns.run(|| -> Result<(), HostProbeError> {
             match backend {
                 Backend::Iptables(b) => {
                     for &family in &families {
                         ipset::create(&set_name(family), family)?;
-                        chains::program(b, family, Some(&iptables_rules(&cfg, family)), &[(Table::Nat, &[CHAIN])])?;
+                        chains::program(b, family, Some(&iptables_rules(cfg, family)), &[(Table::Nat, &[CHAIN])])?;
                     }
                 }
                 Backend::Nftables => {
                     let sets: Vec<AddrSet> =
                         families.iter().map(|&family| AddrSet { name: set_name(family), family }).collect();
-                    set::ensure(NFT_TABLE, &sets, &nft_chain(), &nft_rules(&cfg))?;
+                    set::ensure(NFT_TABLE, &sets, &nft_chain(), &nft_rules(cfg))?;
                 }
             }
             Ok(())
-        })??;
-        Ok(Self { netns, backend, cfg })
+        })?
+    }
+
+    /// Whether the probe set holds ip `ip`, the kind of address the sets take (IPv4, or IPv6 when enabled);
+    /// other addresses are never added, so they do not count as missing.
+    pub fn covers(&self, ip: IpAddr) -> bool {
+        self.family_of(ip).is_ok()
     }
 
     /// Removes the rule and the sets from the host netns (iptables: our chain and jump, and the ipsets;
@@ -324,6 +339,26 @@ impl HostProbe {
             }
             Ok(())
         })?
+    }
+
+    /// Reads the SNAT rule (and, for iptables, the jump into its chain) in the host netns and compares it with
+    /// what [`HostProbe::ensure`] programs, so a flushed rule can be noticed and re-ensured. The set entries are
+    /// not part of it (see [`HostProbe::entries`]).
+    pub fn inspect(&self) -> Result<RuleReport, HostProbeError> {
+        let mut report = match self.backend {
+            Backend::Iptables(b) => {
+                let rules: Vec<RuleSet> =
+                    self.cfg.families().into_iter().map(|f| iptables_rules(&self.cfg, f)).collect();
+                let families: Vec<(Family, &RuleSet)> = rules.iter().map(|rs| (rs.family, rs)).collect();
+                inspect::chains_iptables(&self.netns, b, &families, &[(Table::Nat, &[CHAIN])])?
+            }
+            Backend::Nftables => {
+                let expected = inspect::expected_nft_chain(NFT_TABLE, &nft_chain().name, &nft_rules(&self.cfg));
+                inspect::report_nft(&self.netns, expected, &[NFT_TABLE.to_string()])?
+            }
+        };
+        report.backend = self.backend.to_string();
+        Ok(report)
     }
 
     /// Every entry of the probe sets, sorted.

@@ -12,7 +12,7 @@ use crate::routing;
 use crate::sidecar::Plan;
 
 /// Tables our payloads may touch; `remove` flushes exactly these.
-const OWNED_TABLES: [Table; 3] = [Table::Mangle, Table::Nat, Table::Raw];
+pub(crate) const OWNED_TABLES: [Table; 3] = [Table::Mangle, Table::Nat, Table::Raw];
 
 /// Programs `plan` inside `netns`: one iptables-restore per family (replacing the tables it names wholesale,
 /// so re-applying is idempotent), then, if the plan has IPv6 rules, the passthrough source `::6/128` on `lo`,

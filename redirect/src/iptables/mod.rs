@@ -14,8 +14,9 @@ mod detect;
 mod error;
 mod flavour;
 mod render;
-mod restore;
+pub(crate) mod restore;
 
+pub(crate) use apply::OWNED_TABLES;
 pub use apply::{apply, dump, remove};
 pub use detect::detect_backend;
 pub use error::IptablesError;

@@ -12,6 +12,7 @@ mod list;
 mod merge;
 mod msg;
 pub(crate) mod netlink_dump;
+pub mod rules;
 pub mod set;
 pub(crate) mod socket;
 pub mod stmt;

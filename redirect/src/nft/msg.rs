@@ -3,6 +3,7 @@
 use super::attr::Writer;
 use super::expr::{encode, feature};
 use super::layout::{ChainType, NftChain, NftLayout, NftTable};
+use super::rules::{put_tag, rule_tag};
 use super::stmt::Stmt;
 use super::NftError;
 
@@ -150,12 +151,16 @@ impl Batch {
         let text: Vec<String> = stmts.iter().map(ToString::to_string).collect();
         let mut features: Vec<&'static str> = stmts.iter().filter_map(feature).collect();
         features.dedup();
-        let obj = Object { name: format!("rule {index} of inet {table} {chain} ({})", text.join(" ")), features };
+        let text = text.join(" ");
+        let tag = rule_tag(table, chain, &text);
+        let obj = Object { name: format!("rule {index} of inet {table} {chain} ({text})"), features };
         let mut encoded = Ok(());
         self.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, obj, |w| {
             w.string(NFTA_RULE_TABLE, table);
             w.string(NFTA_RULE_CHAIN, chain);
             w.nest(NFTA_RULE_EXPRESSIONS, |w| encoded = encode(w, stmts));
+            // Lets a later inspection recognise the rule (see `rules`).
+            put_tag(w, tag);
         });
         encoded
     }

@@ -63,6 +63,12 @@ async fn serve(
             command = commands.recv() => {
                 // The registry keeps a sender for as long as `_registration` lives.
                 let Some(command) = command else { return Ok(()) };
+                // An Add whose caller stopped waiting (its enrollment ran past the plugin's deadline and is being
+                // rolled back) is not sent: the pod's netns handle goes now, not after the queue ahead of it.
+                if command.reply.is_closed() && matches!(command.request.payload, Some(workload_request::Payload::Add(_))) {
+                    tracing::debug!(conn = id, "AddWorkload abandoned by its caller before it was sent: dropped");
+                    continue;
+                }
                 let result = exchange(stream, &command.request, command.fd.as_ref().map(AsFd::as_fd), io_timeout).await;
                 let fatal = match &result {
                     Ok(()) => None,

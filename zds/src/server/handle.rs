@@ -74,7 +74,8 @@ impl ZdsHandle {
     ///
     /// The netns fd is duplicated, so the caller keeps its own. A connection still sending its snapshot takes
     /// the Add right after `SnapshotSent`. Errors: [`ZdsError::NoProxy`] when no proxy said hello,
-    /// [`ZdsError::Nack`] when the proxy refused, and timeouts or a closed peer otherwise.
+    /// [`ZdsError::Nack`] when the proxy refused, and timeouts or a closed peer otherwise. Dropping the future
+    /// while the Add still waits in the connection's queue withdraws it: it is never sent, and its fd is closed.
     pub async fn add(&self, uid: &str, info: WorkloadInfo, netns: impl AsFd) -> Result<(), ZdsError> {
         let fd =
             netns.as_fd().try_clone_to_owned().map_err(|source| ZdsError::Io { op: "duplicate netns fd", source })?;
