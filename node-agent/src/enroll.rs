@@ -115,13 +115,19 @@ pub enum EnrollError {
         /// Why the task ended.
         reason: String,
     },
-    /// The plugin's enrollment took so long that the plugin may have given up on it: undone, as a failure.
-    #[error("pod {pod}: enrollment ended {late:?} after the plugin's answer deadline: not enrolled (undone)")]
+    /// The plugin's enrollment was not done by its answer deadline, when the plugin may give up on it: stopped
+    /// there and undone, as a failure.
+    #[error(
+        "pod {pod}: enrollment not done by the plugin's answer deadline ({deadline:?} after the request; it was at \
+         {step}): not enrolled (undone)"
+    )]
     TooLate {
         /// namespace/name.
         pod: String,
-        /// How long after the deadline it ended.
-        late: std::time::Duration,
+        /// The step it had reached: where the time went.
+        step: &'static str,
+        /// [`cni::plugin_event::AGENT_ANSWER_DEADLINE`].
+        deadline: Duration,
     },
     /// The pod was deleted before or while it was being enrolled: refused, and whatever was done undone.
     #[error("pod {pod} (uid {uid}) was deleted: not enrolled (stopped before {stage}, nothing left behind)")]
@@ -374,7 +380,7 @@ impl Enroller {
             // Another operation on the pod may hold its pass: the plugin waits for the pass no longer than it waits
             // for the answer.
             let Some(pass) = by_deadline(answer_by, self.gate.enter(&uid)).await else {
-                return Err(EnrollError::TooLate { pod: key(pod), late: Duration::ZERO });
+                return Err(too_late(pod, "waiting for another operation on the pod to end"));
             };
             let mut done = Done { answer_by, ..Done::default() };
             let source = if on_failure == OnFailure::Keep { Source::Watch } else { Source::Plugin };
@@ -387,10 +393,8 @@ impl Enroller {
                 self.timelines.finish(&uid, result.as_ref().map(drop).map_err(ToString::to_string));
                 return result;
             };
-            let now = Instant::now();
-            if result.is_ok() && now > answer_by {
-                let late = now.duration_since(answer_by);
-                result = Err(EnrollError::TooLate { pod: key(pod), late });
+            if result.is_ok() && Instant::now() > answer_by {
+                result = Err(too_late(pod, Stage::Enrolled.name()));
             }
             match &result {
                 // A deletion was rolled back at its checkpoint already.
@@ -450,7 +454,7 @@ impl Enroller {
         self.metrics.enrolled_pods.set(self.cache.count() as i64);
         self.timelines.proxy(&uid, ProxyState::Sent);
         let added = by_deadline(done.answer_by, self.zds.add(&uid, info, fd.as_ref())).await;
-        let Some(added) = added else { return Err(self.too_late(pod, done)) };
+        let Some(added) = added else { return Err(too_late(pod, "proxy_ack")) };
         if let Err(source) = added {
             self.timelines.proxy(&uid, ProxyState::Error { message: source.to_string() });
             self.timelines.phase(&uid, "proxy_ack", clock, Some(source.to_string()));
@@ -478,7 +482,7 @@ impl Enroller {
         let annotated = by_deadline(done.answer_by, self.annotate(pod, AMBIENT_REDIRECTION_ENABLED)).await;
         // A request abandoned at the deadline may still land: the rollback takes it back like a done one.
         done.annotated = annotated.as_ref().is_none_or(Result::is_ok);
-        let annotated = annotated.unwrap_or_else(|| Err(self.too_late(pod, done)));
+        let annotated = annotated.unwrap_or_else(|| Err(too_late(pod, "annotate")));
         self.timelines.phase(&uid, "annotate", clock, annotated.as_ref().err().map(ToString::to_string));
         if let Err(e) = annotated {
             // A deleted pod cannot be annotated: that is the deletion, not an API failure.
@@ -494,13 +498,6 @@ impl Enroller {
         self.metrics.enrolled_pods.set(self.cache.count() as i64);
         tracing::info!(?ips, "enrolled");
         Ok(())
-    }
-
-    /// The failure of a plugin enrollment that ran past its answer deadline; [`Enroller::enroll_with`] rolls it
-    /// back.
-    fn too_late(&self, pod: &Pod, done: &Done) -> EnrollError {
-        let late = done.answer_by.map_or(Duration::ZERO, |by| Instant::now().saturating_duration_since(by));
-        EnrollError::TooLate { pod: key(pod), late }
     }
 
     /// Records step `name` of pod `uid`, begun at `clock`, with its `result`, and hands the result on.
@@ -526,7 +523,7 @@ impl Enroller {
         if !self.gate.is_deleted(uid) {
             // Past the plugin's deadline: the caller's rollback undoes what was done.
             if done.answer_by.is_some_and(|by| Instant::now() >= by) {
-                return Err(self.too_late(pod, done));
+                return Err(too_late(pod, stage.name()));
             }
             return Ok(());
         }
@@ -730,6 +727,12 @@ async fn patch_status(client: &Client, pod: &Pod, patch: serde_json::Value) -> R
         Ok(answer) => answer.map(drop).map_err(|source| EnrollError::Api { pod: key(pod), what: "annotate", source }),
         Err(_) => Err(EnrollError::ApiTimeout { pod: key(pod), what: "annotate", after: API_CALL_TIMEOUT }),
     }
+}
+
+/// The failure of a plugin enrollment of `pod` not done by its answer deadline, at `step`;
+/// [`Enroller::enroll_with`] rolls it back.
+fn too_late(pod: &Pod, step: &'static str) -> EnrollError {
+    EnrollError::TooLate { pod: key(pod), step, deadline: cni::plugin_event::AGENT_ANSWER_DEADLINE }
 }
 
 /// Runs `step` to its end, or until `deadline` (when there is one): `None` when the deadline came first.
