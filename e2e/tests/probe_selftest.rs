@@ -3,12 +3,16 @@
 //! probe SNAT rule taken out of the node netns the agent turns unready, says why in `/readyz`, and reports
 //! `nodeagent_probe_selftest_ok 0`; with the rule back (put back by the test, or by the drift repair the failure
 //! asks for) it is ready again and reports 1. In each backend (in nftables mode the rule only SNATs the kubelet's
-//! uid, so the agent must connect as that uid).
+//! uid, so the agent must connect as that uid). A pod whose own rules drop the test does not make the agent
+//! unready: the failure is confirmed with another pod.
+
+use std::time::{Duration, Instant};
 
 use istio_contract::ports;
+use istio_contract::proxy::PROBE_SNAT_V4;
 use testbed::mesh::RuleBackend;
-use testbed::node_agent::{ambient_conflist, ambient_node, ambient_pod, NodeAgent, ZdsPeer};
-use testbed::wait::eventually_or;
+use testbed::node_agent::{ambient_conflist, ambient_node, ambient_pod, uid, NodeAgent, ZdsPeer};
+use testbed::wait::{eventually_or, within};
 use testbed::{Cluster, Pod};
 
 /// Namespace of the test pod.
@@ -177,4 +181,36 @@ fn a_failed_self_test_has_the_host_probe_rule_repaired_and_the_agent_ready_again
         assert!(has_host_probe_rule(&cluster, backend), "{backend:?}: the rule is back");
         assert!(agent.metric(REPAIRED).is_some_and(|n| n >= 1), "{backend:?}:\n{}", agent.metrics());
     }
+}
+
+/// A pod's own rules drop the self-test's connection (a pod with NET_ADMIN can add rules of its own): the failure
+/// is confirmed with another enrolled pod, which passes, so one pod cannot make the node's agent unready.
+#[test]
+fn a_pod_that_drops_the_self_test_does_not_make_the_agent_unready() {
+    let settings = [("PROBE_SELFTEST_INTERVAL", "1s"), ("DRIFT_CHECK_INTERVAL", "1h")];
+    let (cluster, agent, _peer, web) = enrolled(RuleBackend::Nftables, &settings);
+    let api = run(&cluster, "api");
+    // The self-test tries the first enrolled pod in UID order first: that one turns hostile.
+    let hostile = if uid(&cluster, NS, "web") < uid(&cluster, NS, "api") { &web } else { &api };
+    let snat = PROBE_SNAT_V4.to_string();
+    hostile.netns.exec_ok(&["nft", "add", "table", "inet", "hostile"]);
+    hostile.netns.exec_ok(&[
+        "nft",
+        "add",
+        "chain",
+        "inet",
+        "hostile",
+        "input",
+        "{ type filter hook input priority -400 ; }",
+    ]);
+    hostile.netns.exec_ok(&["nft", "add", "rule", "inet", "hostile", "input", "ip", "saddr", &snat, "drop"]);
+
+    let ok = "nodeagent_probe_selftest_runs_total{result=\"ok\"}";
+    let before = agent.metric(ok).unwrap_or(0);
+    let passed_twice =
+        within(Instant::now(), Duration::from_secs(60), || (agent.metric(ok).unwrap_or(0) >= before + 2).then_some(()));
+    assert!(passed_twice.is_some(), "two more self-tests ran:\n{}\n{}", agent.metrics(), agent.log());
+    let fails = agent.metric("nodeagent_probe_selftest_runs_total{result=\"fail\"}").unwrap_or(0);
+    assert_eq!(fails, 0, "no self-test failed for the node:\n{}", agent.log());
+    assert_eq!((agent.metric(GAUGE), readyz(&cluster).map(|r| r.0)), (Some(1), Some(200)));
 }

@@ -233,21 +233,23 @@ impl SelfTest {
         }
     }
 
-    /// One self-test: a failure is confirmed once, a moment later, before it counts.
+    /// One self-test: a failure is confirmed a moment later, with another enrolled pod when there is one, before
+    /// it counts. So a pod that went away meanwhile, or one whose own network state drops the test (a pod with
+    /// NET_ADMIN can add rules of its own), does not make the node's agent unready: the node's probe path is what
+    /// is tested, and it fails for every pod alike.
     async fn once(&self) -> SelfTestResult {
         let first = self.attempt(None).await;
         if first.verdict != Verdict::Failed {
             return first;
         }
         tokio::time::sleep(CONFIRM_AFTER).await;
-        // The same pod if it is still enrolled, so a pod that went away does not fail the node.
         self.attempt(first.pod.as_deref()).await
     }
 
-    /// Tests one pod: `prefer` (`namespace/name`) if still enrolled, else the first with a netns and an address.
-    async fn attempt(&self, prefer: Option<&str>) -> SelfTestResult {
+    /// Tests one pod with a netns and an address: any but `avoid` (`namespace/name`) when there is one.
+    async fn attempt(&self, avoid: Option<&str>) -> SelfTestResult {
         let finish = |verdict, pod, detail| SelfTestResult { at: SystemTime::now(), verdict, pod, detail };
-        let Some(target) = self.pick(prefer) else {
+        let Some(target) = self.pick(avoid) else {
             return finish(Verdict::NoPod, None, "no enrolled pod with a known netns and address".into());
         };
         let (host, path) = (self.host.clone(), self.path);
@@ -260,11 +262,11 @@ impl SelfTest {
         }
     }
 
-    fn pick(&self, prefer: Option<&str>) -> Option<Target> {
+    fn pick(&self, avoid: Option<&str>) -> Option<Target> {
         let mut pods = self.cache.pods();
-        if let Some(prefer) = prefer {
-            // Stable sort: the preferred pod first, the rest in cache order.
-            pods.sort_by_key(|p| pod_name(p) != prefer);
+        if let Some(avoid) = avoid {
+            // Stable sort: the other pods first, in cache order; the avoided one only if it is the only one.
+            pods.sort_by_key(|p| pod_name(p) == avoid);
         }
         pods.into_iter().find_map(|pod| self.target(pod))
     }
