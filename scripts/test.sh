@@ -7,9 +7,24 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo build --workspace --bins
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+soak_log=$(mktemp)
+trap 'rm -f "$log" "$soak_log"' EXIT
 status=0
-cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
+# Every test binary is built first (diagnostics on stderr). The soak test (e2e/tests/soak.rs, SOAK_SECS,
+# default 300) spends minutes mostly waiting: it then runs in the background beside the rest of the suite rather
+# than after it, as cargo would run it (from its package's directory), and the rest skips it. Its output follows
+# the suite's.
+soak_test=the_node_agrees_with_the_api_server_after_minutes_of_chaos_and_churn
+soak_bin=$(cargo test --workspace --all-targets --no-run --message-format=json-render-diagnostics |
+  sed -n 's/.*"executable":"\([^"]*\/soak-[^"]*\)".*/\1/p' | tail -n 1)
+[ -x "$soak_bin" ] || { echo "test.sh: the soak test's binary was not built" >&2; exit 1; }
+(cd e2e && "$soak_bin" --exact "$soak_test" >"$soak_log" 2>&1) &
+soak_pid=$!
+cargo test --workspace --all-targets --no-fail-fast -- --skip "$soak_test" 2>&1 | tee "$log" || status=$?
+echo "test.sh: waiting for the soak test, running in the background since the suite started"
+wait "$soak_pid" || status=$?
+echo "     Running tests/soak.rs (in the background)" | tee -a "$log"
+tee -a "$log" <"$soak_log"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"
