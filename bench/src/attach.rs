@@ -11,6 +11,8 @@ use testbed::{NetnsGuard, NetworkConfigList, Node, Runtime};
 pub struct Attached {
     /// The pod's netns.
     pub netns: NetnsGuard,
+    /// When the ADD started (after the netns was made): what later figures of the pod are timed from.
+    pub started: Instant,
     /// Wall time of the ADD alone.
     pub took: Duration,
     /// The ADD result.
@@ -36,7 +38,7 @@ pub fn timed_add(node: &Node, list: &NetworkConfigList, namespace: &str, name: &
     let start = Instant::now();
     let result = runtime.add(list, &conf).unwrap_or_else(|e| panic!("CNI ADD of {namespace}/{name}: {e}"));
     let took = start.elapsed();
-    Attached { netns, took, result, conf, list: list.clone(), runtime }
+    Attached { netns, started: start, took, result, conf, list: list.clone(), runtime }
 }
 
 impl Drop for Attached {

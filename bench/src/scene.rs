@@ -110,13 +110,13 @@ impl AmbientNode {
         let mut pod = ambient_pod(NS, name);
         pod["spec"]["serviceAccountName"] = json!(name);
         self.cluster.create(&pod);
-        let start = Instant::now();
         let attached = timed_add(&self.cluster.node, &self.list, NS, name);
+        // From the start of ADD, as (a) and (c) are: the netns the runtime makes before ADD is not the plugin's.
         while redirection(&self.cluster, NS, name).as_deref() != Some("enabled") {
-            assert!(start.elapsed() < Duration::from_secs(20), "{name} was never annotated");
+            assert!(attached.started.elapsed() < Duration::from_secs(20), "{name} was never annotated");
             std::thread::yield_now();
         }
-        let enrolled = start.elapsed();
+        let enrolled = attached.started.elapsed();
         let mut object = self.cluster.api.get("Pod", Some(NS), name).expect("pod stored");
         let ip = attached.ip();
         object["status"] = json!({ "phase": "Running", "podIP": ip, "podIPs": [{ "ip": ip }] });
