@@ -38,6 +38,9 @@ enum Contender {
     Restore,
     /// The plugin exec'd for `VERSION`: the process's start and exit alone.
     Version,
+    /// A static executable that only exits: what any exec'd plugin pays before its first instruction (the
+    /// runtime's fork, the kernel's exec and exit), so the floor under the plugin's added cost on this machine.
+    ExecFloor(std::path::PathBuf),
 }
 
 impl Contender {
@@ -50,6 +53,7 @@ impl Contender {
             }
             Contender::Restore => "iptables-nft-restore exec alone (Istio's step)".into(),
             Contender::Version => "istio-cni exec for VERSION alone (process start)".into(),
+            Contender::ExecFloor(_) => "exec floor: a static executable that only exits".into(),
         }
     }
 
@@ -58,6 +62,79 @@ impl Contender {
         match self {
             Contender::With(_, i, _) | Contender::NoAgent(i, _) => Some(*i),
             _ => None,
+        }
+    }
+}
+
+/// Execs `path` as the runtime execs a plugin (`CNI_COMMAND=VERSION`, stdout and stderr read) and times it to
+/// its exit.
+fn timed_exec(path: &std::path::Path) -> Duration {
+    let start = Instant::now();
+    let out = std::process::Command::new(path)
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("exec {}: {e}", path.display()));
+    assert!(out.status.success(), "{} VERSION: {out:?}", path.display());
+    start.elapsed()
+}
+
+/// The smallest program an exec can start: a 129-byte static x86-64 ELF whose one instruction sequence is
+/// `exit(0)` (no dynamic loader, no libc, one page mapped).
+mod exec_floor {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::{Path, PathBuf};
+
+    /// Where the program is loaded; its code starts right after the two headers.
+    const BASE: u64 = 0x40_0000;
+    const HEADERS: u64 = 64 + 56;
+    /// `mov eax, 60` (exit); `xor edi, edi`; `syscall`.
+    const CODE: [u8; 9] = [0xb8, 60, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05];
+
+    fn image() -> Vec<u8> {
+        let size = HEADERS + CODE.len() as u64;
+        let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        elf.extend(2u16.to_le_bytes()); // ET_EXEC
+        elf.extend(0x3eu16.to_le_bytes()); // x86-64
+        elf.extend(1u32.to_le_bytes());
+        elf.extend((BASE + HEADERS).to_le_bytes()); // entry
+        elf.extend(64u64.to_le_bytes()); // program headers' offset
+        elf.extend(0u64.to_le_bytes()); // no section headers
+        elf.extend(0u32.to_le_bytes());
+        for half in [64u16, 56, 1, 0, 0, 0] {
+            elf.extend(half.to_le_bytes()); // header size, phdr size and count, no sections
+        }
+        elf.extend(1u32.to_le_bytes()); // PT_LOAD
+        elf.extend(5u32.to_le_bytes()); // R + X
+        elf.extend(0u64.to_le_bytes());
+        elf.extend(BASE.to_le_bytes());
+        elf.extend(BASE.to_le_bytes());
+        elf.extend(size.to_le_bytes());
+        elf.extend(size.to_le_bytes());
+        elf.extend(0x1000u64.to_le_bytes());
+        elf.extend(CODE);
+        elf
+    }
+
+    /// Writes the program into `dir`; `None` on another architecture than x86-64 (the row is left out).
+    pub fn write(dir: &Path) -> Option<PathBuf> {
+        if !cfg!(target_arch = "x86_64") {
+            return None;
+        }
+        let path = dir.join("exit0");
+        std::fs::write(&path, image()).expect("write the exec floor program");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("make it executable");
+        Some(path)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn the_program_runs_and_exits_zero() {
+            let dir = tempfile::tempdir().unwrap();
+            let Some(path) = super::write(dir.path()) else { return };
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), 129);
+            assert!(std::process::Command::new(&path).status().unwrap().success());
         }
     }
 }
@@ -96,6 +173,10 @@ pub fn run(counts: Counts) -> Section {
     let no_agent = clusters.len() - 1;
     contenders.push(Contender::NoAgent(no_agent, list(clusters[no_agent].conflist())));
     contenders.push(Contender::Version);
+    let floor_dir = tempfile::tempdir().expect("exec floor dir");
+    if let Some(path) = exec_floor::write(floor_dir.path()) {
+        contenders.push(Contender::ExecFloor(path));
+    }
     contenders.push(Contender::Restore);
     let plan = build(&SidecarConfig::cni_pod_defaults());
 
@@ -108,16 +189,8 @@ pub fn run(counts: Counts) -> Section {
             let took = match &contenders[i] {
                 Contender::Without(l) => timed_add(&clusters[0].node, l, NS, POD).took,
                 Contender::With(_, c, l) | Contender::NoAgent(c, l) => timed_add(&clusters[*c].node, l, NS, POD).took,
-                Contender::Version => {
-                    let start = Instant::now();
-                    let out = std::process::Command::new(testbed::bins::path("istio-cni"))
-                        .env("CNI_COMMAND", "VERSION")
-                        .stdin(std::process::Stdio::null())
-                        .output()
-                        .expect("exec istio-cni");
-                    assert!(out.status.success(), "istio-cni VERSION: {out:?}");
-                    start.elapsed()
-                }
+                Contender::Version => timed_exec(&testbed::bins::path("istio-cni")),
+                Contender::ExecFloor(path) => timed_exec(path),
                 Contender::Restore => {
                     let ns = fresh_netns();
                     let start = Instant::now();
@@ -185,6 +258,17 @@ fn table(contenders: &[Contender], sums: &[Summary], gets: &[usize], counts: Cou
             None => "–".into(),
         };
         let _ = writeln!(s, "| {} | {} | {added} | {vs} | {gets} |", c.label(), sum.us_cells());
+    }
+    if let Some((_, floor)) = contenders.iter().zip(sums).find(|(c, _)| matches!(c, Contender::ExecFloor(_))) {
+        let budget = restore.div_f64(TARGET_RATIO);
+        let _ = writeln!(
+            verdicts,
+            "- The target leaves the plugin {} µs (restore / {TARGET_RATIO}); exec'ing a program that does nothing \
+             but exit takes {} µs here, {:.2}× that budget, before the plugin reads its netconf.",
+            us(budget),
+            us(floor.median),
+            floor.median.as_secs_f64() / budget.as_secs_f64().max(1e-9)
+        );
     }
     s.push('\n');
     s.push_str(&verdicts);

@@ -51,8 +51,11 @@ change.
 record; a 256 KiB `BufReader` under TLS makes that one call per 256 KiB at the cost of one more memcpy of the \
 ciphertext: 1.66 / 1.58 and 1.70 / 1.71 Gb/s, 4.50 / 4.36 and 4.40 / 4.26 CPU s/GB, no better than the build \
 before it within the noise (sink slower, iperf3 faster): dropped.
-- kTLS: not tried (rustls has no kernel TLS offload of its own; it would need the session keys handed to the \
-kernel and a fallback, not a small change).
+- kTLS: cannot be tried on this machine. Its kernel is built without TLS support (`CONFIG_TLS` is not set in \
+`/proc/config.gz`; `/proc/sys/net/ipv4/tcp_available_ulp` lists only `mptcp`, so `setsockopt(TCP_ULP, \"tls\")` \
+fails), and there are no modules to load. kTLS would move AES-GCM into the kernel's socket copy and drop rustls's \
+plaintext copy on both proxies, but the HTTP/2 framing keeps every byte passing through user space, so it cannot \
+splice either. Whether it reaches 0.3× stays unmeasured.
 ";
 
 /// Bytes per throughput run.

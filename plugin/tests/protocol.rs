@@ -84,6 +84,15 @@ fn version_answers_with_junk_env_and_podmans_stdin() {
     }
 }
 
+/// The runtime execs the plugin for every pod: it is linked at a fixed address so its start skips the loader's
+/// relocations (plugin/build.rs). ELF `e_type` 2 is a position-dependent executable, 3 a PIE.
+#[test]
+fn the_plugin_is_a_position_dependent_executable() {
+    let elf = std::fs::read(bins::path("istio-cni")).expect("read istio-cni");
+    assert_eq!(&elf[..4], b"\x7fELF");
+    assert_eq!(u16::from_le_bytes([elf[16], elf[17]]), 2, "istio-cni is not linked with -no-pie");
+}
+
 #[test]
 fn prev_result_is_returned_in_the_requested_version() {
     let p = Plugin::new();
