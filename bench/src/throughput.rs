@@ -51,6 +51,11 @@ change.
 record; a 256 KiB `BufReader` under TLS makes that one call per 256 KiB at the cost of one more memcpy of the \
 ciphertext: 1.66 / 1.58 and 1.70 / 1.71 Gb/s, 4.50 / 4.36 and 4.40 / 4.26 CPU s/GB, no better than the build \
 before it within the noise (sink slower, iperf3 faster): dropped.
+- One tokio worker thread per proxy instead of one per core (two), so that the two proxies and two apps of the \
+across-nodes case stop handing tasks between threads (three runs alternated, A B A, idle machine, `--iterations 3`, \
+builds without LTO): across nodes, one stream, 2.95 / 2.61 Gb/s with one worker against 2.43 / 2.43 and 2.87 / \
+2.55 with two, within the run-to-run spread of about 15%; but one proxy carrying both ends on one node fell from \
+3.02 / 2.87 and 3.46 / 2.96 to 2.29 / 2.33 Gb/s: dropped.
 - kTLS: cannot be tried on this machine. Its kernel is built without TLS support (`CONFIG_TLS` is not set in \
 `/proc/config.gz`; `/proc/sys/net/ipv4/tcp_available_ulp` lists only `mptcp`, so `setsockopt(TCP_ULP, \"tls\")` \
 fails), and there are no modules to load. kTLS would move AES-GCM into the kernel's socket copy and drop rustls's \
