@@ -21,7 +21,7 @@ restart); pods that come through CNI ADD bring their netns path, so it stays emp
 const TARGET_ADDED: Duration = Duration::from_millis(5);
 
 /// Phases of `nodeagent_enrollment_duration_seconds`, in path order.
-const PHASES: [&str; 4] = ["netns", "rules", "proxy_ack", "annotate"];
+const PHASES: [&str; 5] = ["netns", "rules", "proxy_ack", "probe", "annotate"];
 
 /// Runs the scenario and returns its report section.
 pub fn run(counts: Counts) -> Section {
@@ -78,8 +78,8 @@ pub fn run(counts: Counts) -> Section {
         let _ = writeln!(
             verdicts,
             "- {name}: istio-cni adds {} µs from ADD to annotation at the median ((b) − (c); target ≤ {} µs: \
-             {verdict}); pod and namespace GETs per ADD: {:.1}. The agent's rules, proxy_ack and annotate phases, \
-             which run one after another (Istio's order: the proxy gets the pod once its rules are in, the \
+             {verdict}); pod and namespace GETs per ADD: {:.1}. The agent's rules, proxy_ack, probe and annotate \
+             phases, which run one after another (Istio's order: the proxy gets the pod once its rules are in, the \
              annotation says it is enrolled), take {} µs of it (sum of their means).",
             us(added),
             TARGET_ADDED.as_micros(),

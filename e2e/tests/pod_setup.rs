@@ -84,6 +84,11 @@ fn an_ambient_add_is_settled_by_the_agent_with_no_pod_or_namespace_get() {
     assert_eq!(lookups_of(&c, "web"), Vec::<String>::new(), "no GET on the fast path");
     assert!(agent.metric("istio_cni_plugin_pod_lookups_total{source=\"agent\"}") >= Some(1), "{}", agent.metrics());
     assert!(!plugin_log(&c).contains("looking it up in the API server"), "no fallback:\n{}", plugin_log(&c));
+    // Every step of the enrollment is in the phase histogram, so its sum accounts for the agent's part of the ADD.
+    for phase in ["rules", "proxy_ack", "probe", "annotate"] {
+        let count = format!("nodeagent_enrollment_duration_seconds_count{{phase=\"{phase}\"}}");
+        assert_eq!(agent.metric(&count), Some(1), "{phase}: {}", agent.metrics());
+    }
 }
 
 #[test]

@@ -470,12 +470,14 @@ impl Enroller {
 
         self.checkpoint(Stage::Probe, pod, &ips, done).await?;
         done.probe = true;
+        let started = Instant::now();
         let clock = Clock::start();
         let probed = self.probe_add(&uid, &ips).await;
         if let Err(e) = &probed {
             tracing::error!(error = %e, "host probe set");
         }
         self.timelines.phase(&uid, "probe", clock, probed.err());
+        self.metrics.phase("probe", started);
         self.checkpoint(Stage::Annotate, pod, &ips, done).await?;
         let started = Instant::now();
         let clock = Clock::start();

@@ -24,7 +24,7 @@ pub struct EventType {
 /// Label of the enrollment latency histogram.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Phase {
-    /// `netns`, `rules`, `proxy_ack`, `annotate`.
+    /// `netns`, `rules`, `proxy_ack`, `probe`, `annotate`.
     pub phase: String,
 }
 
@@ -141,7 +141,7 @@ impl Metrics {
         registry.register("nodeagent_enrolled_pods", "Pods enrolled in ambient on this node", m.enrolled_pods.clone());
         registry.register(
             "nodeagent_enrollment_duration_seconds",
-            "Time spent per enrollment phase (netns, rules, proxy_ack, annotate)",
+            "Time spent per enrollment phase (netns, rules, proxy_ack, probe, annotate)",
             m.enrollment_seconds.clone(),
         );
         registry.register(
