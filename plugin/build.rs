@@ -2,7 +2,8 @@
 //!
 //! The runtime execs the plugin once per pod, so its start is paid on every ADD. A position-independent
 //! executable (rustc's default) makes the loader apply about 17,000 relocations and dirty the pages they touch
-//! before `main`, 0.6 ms of a 2.7 ms `VERSION` exec here; linked at a fixed address it starts without them.
+//! before `main`, 0.6 ms of a 2.7 ms `VERSION` exec here (build without LTO); linked at a fixed address it starts
+//! without them.
 //! Istio's own plugin, a Go binary, is position-dependent too. The daemons stay position-independent: they start
 //! once. BENCHMARKS.md (sidecar-setup) measures the exec.
 

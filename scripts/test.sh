@@ -8,7 +8,9 @@ scripts/install-deps.sh
 cargo build --workspace --bins
 log=$(mktemp)
 soak_log=$(mktemp)
-trap 'rm -f "$log" "$soak_log"' EXIT
+soak_pid=
+# A suite stopped early (an error, Ctrl-C: background jobs of a script ignore SIGINT) takes the soak test with it.
+trap '[ -n "$soak_pid" ] && kill "$soak_pid" 2>/dev/null; rm -f "$log" "$soak_log"' EXIT
 status=0
 # Every test binary is built first (diagnostics on stderr). The soak test (e2e/tests/soak.rs, SOAK_SECS,
 # default 300) spends minutes mostly waiting: it then runs in the background beside the rest of the suite rather
@@ -18,11 +20,12 @@ soak_test=the_node_agrees_with_the_api_server_after_minutes_of_chaos_and_churn
 soak_bin=$(cargo test --workspace --all-targets --no-run --message-format=json-render-diagnostics |
   sed -n 's/.*"executable":"\([^"]*\/soak-[^"]*\)".*/\1/p' | tail -n 1)
 [ -x "$soak_bin" ] || { echo "test.sh: the soak test's binary was not built" >&2; exit 1; }
-(cd e2e && "$soak_bin" --exact "$soak_test" >"$soak_log" 2>&1) &
+(trap - EXIT; cd e2e && exec "$soak_bin" --exact "$soak_test" >"$soak_log" 2>&1) &
 soak_pid=$!
 cargo test --workspace --all-targets --no-fail-fast -- --skip "$soak_test" 2>&1 | tee "$log" || status=$?
 echo "test.sh: waiting for the soak test, running in the background since the suite started"
 wait "$soak_pid" || status=$?
+soak_pid=
 echo "     Running tests/soak.rs (in the background)" | tee -a "$log"
 tee -a "$log" <"$soak_log"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
