@@ -6,6 +6,7 @@ mod config;
 mod context;
 mod dns;
 mod fast_path;
+mod heap;
 mod inbound;
 mod mesh;
 mod metrics;
@@ -41,6 +42,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
+    if let Err(param) = heap::keep_transfer_buffers() {
+        tracing::warn!(param, "glibc refused a heap threshold; bulk transfers fault their buffers in afresh");
+    }
     let ca = match &config.ca_dir {
         Some(dir) => MeshCa::load(dir).context("loading the mesh CA")?,
         None => MeshCa::load_or_create(&config.state_dir, &config.trust_domain).context("self-signed mesh CA")?,

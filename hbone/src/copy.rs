@@ -19,7 +19,7 @@ use crate::stream::{h2_to_io, H2Stream};
 const SMALL_READ: usize = 16 * 1024;
 /// Room made once a read filled the buffer (a bulk transfer): the most one DATA frame carries from it. Large reads
 /// mean fewer syscalls, fewer HTTP/2 frames and full TLS records (16 KiB each) for all but the last of a frame.
-const LARGE_READ: usize = 256 * 1024;
+pub(crate) const LARGE_READ: usize = 256 * 1024;
 
 /// What a finished copy carried, and how it ended.
 #[derive(Debug)]

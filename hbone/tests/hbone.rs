@@ -571,6 +571,34 @@ async fn one_acceptor_presents_the_certificate_of_the_dialled_ip() {
     .await
 }
 
+/// One bulk HBONE DATA frame as h2 writes it: the 9-byte frame header, then `hbone::copy`'s largest read (256 KiB).
+const BULK_FRAME: [usize; 2] = [9, 256 * 1024];
+
+#[tokio::test]
+async fn both_ends_take_a_whole_bulk_frame_in_one_vectored_write() {
+    within(async {
+        let mesh = new_mesh();
+        let ip = next_ip();
+        let certs = ServerCerts::new();
+        certs.set(ip, &mesh.ca.mint(&id("server")).unwrap()).unwrap();
+        let inbound = InboundTls::new(mesh.tls.clone(), certs);
+        let client = mesh.ca.mint(&id("client")).unwrap();
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { inbound.accept(listener.accept().await.unwrap().0).await });
+        let dialled = TcpStream::connect(addr).await.unwrap();
+        let mut client_tls = mesh.tls.connect(dialled, &client, &id("server")).await.unwrap();
+        let mut server_tls = server.await.unwrap().unwrap().stream;
+        let (header, payload) = (vec![0u8; BULK_FRAME[0]], vec![7u8; BULK_FRAME[1]]);
+        let frame = [std::io::IoSlice::new(&header), std::io::IoSlice::new(&payload)];
+        let whole = BULK_FRAME.iter().sum::<usize>();
+        // With rustls's default 64 KiB send queue each call took a quarter of the frame (one more writev each).
+        assert_eq!(client_tls.write_vectored(&frame).await.unwrap(), whole, "client side");
+        assert_eq!(server_tls.write_vectored(&frame).await.unwrap(), whole, "server side");
+    })
+    .await
+}
+
 /// A TCP relay on `ip` to `target` that stops forwarding (but keeps both sockets open) once frozen.
 async fn freezing_relay(ip: IpAddr, target: SocketAddr) -> (SocketAddr, watch::Sender<bool>) {
     let listener = TcpListener::bind((ip, 0)).await.unwrap();

@@ -32,6 +32,11 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A plaintext TLS record holding a fatal `no_application_protocol` (120) alert: what a server sends a client
 /// whose ALPN offer it cannot accept (RFC 7301, section 3.2).
 const NO_APPLICATION_PROTOCOL_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x78];
+/// Ciphertext a TLS stream queues before it waits for its socket: room for one whole DATA frame of
+/// [`crate::copy`]'s largest read, with its frame header and record overhead. rustls's default (64 KiB) cut every
+/// such frame into four writes and four `writev`s; one write per frame took about 8% off the proxies' CPU per GB
+/// across nodes (BENCHMARKS.md, #19). It bounds what one connection holds for a slow peer.
+const TLS_SEND_BUFFER: usize = crate::copy::LARGE_READ + 64 * 1024;
 
 /// Why a TLS config could not be built or a handshake failed.
 #[derive(Debug, thiserror::Error)]
@@ -158,10 +163,12 @@ impl MeshTls {
         let config = self.client_config(src, expected)?;
         // SNI is off, so the name only satisfies the API; an IP is never sent anyway.
         let name = ServerName::IpAddress(peer.ip().into());
-        tokio_rustls::TlsConnector::from(config)
+        let mut stream = tokio_rustls::TlsConnector::from(config)
             .connect(name, tcp)
             .await
-            .map_err(|source| handshake_error(peer, source))
+            .map_err(|source| handshake_error(peer, source))?;
+        stream.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
+        Ok(stream)
     }
 }
 
@@ -229,7 +236,7 @@ impl InboundTls {
             let _ = tokio::time::timeout_at(deadline, tcp.write_all(&NO_APPLICATION_PROTOCOL_ALERT)).await;
             return Err(TlsError::NoAlpn { peer });
         }
-        let stream = tokio::time::timeout_at(deadline, start.into_stream(config))
+        let mut stream = tokio::time::timeout_at(deadline, start.into_stream(config))
             .await
             .map_err(timeout)?
             .map_err(|source| handshake_error(peer, source))?;
@@ -244,6 +251,7 @@ impl InboundTls {
             })?;
         let peer_identity = verify::identity_in_trust_domain(leaf, &self.tls.trust_domain)
             .map_err(|source| TlsError::PeerIdentity { peer, source })?;
+        stream.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
         Ok(Accepted { stream, local, peer, peer_identity })
     }
 }

@@ -1,0 +1,51 @@
+//! How the proxy's heap treats the large buffers every bulk transfer cycles through.
+//!
+//! Each HBONE stream reads 256 KiB at a time (`hbone::copy`) and receives HTTP/2 frames of up to 1 MiB. glibc's
+//! malloc serves blocks that size with `mmap` and returns them with `munmap`, or trims its arena after the free,
+//! so every buffer's pages were faulted in and zeroed again: page faults and `madvise` took about 5% of all CPU
+//! in an across-nodes transfer, and fixed thresholds took about 15% off the proxies' CPU per GB (BENCHMARKS.md,
+//! #19). The cost is memory the proxy keeps after a burst: at most [`TRIM_THRESHOLD`] of free heap per arena.
+
+/// Blocks up to this size come from the heap, not from their own mapping: above the largest HTTP/2 frame we accept
+/// (`hbone::settings::MAX_FRAME_SIZE`, 1 MiB) and its header.
+pub const MMAP_THRESHOLD: usize = 2 << 20;
+/// Free memory an arena keeps at its top before it gives it back to the kernel: a few transfers' buffers.
+pub const TRIM_THRESHOLD: usize = 8 << 20;
+
+/// Sets glibc's thresholds, once at start (they are process-wide). Fixing them also turns off glibc's own
+/// adjustment, which would otherwise trim after every free of a buffer just over the last one.
+#[cfg(target_env = "gnu")]
+pub fn keep_transfer_buffers() -> Result<(), &'static str> {
+    for (param, value, name) in [
+        (libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD, "M_MMAP_THRESHOLD"),
+        (libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD, "M_TRIM_THRESHOLD"),
+    ] {
+        // SAFETY: mallopt only sets the allocator's parameters; both values are in range for a c_int.
+        if unsafe { libc::mallopt(param, value as libc::c_int) } != 1 {
+            return Err(name);
+        }
+    }
+    Ok(())
+}
+
+/// Other C libraries have their own allocator policy; nothing to set.
+#[cfg(not(target_env = "gnu"))]
+pub fn keep_transfer_buffers() -> Result<(), &'static str> {
+    Ok(())
+}
+
+#[cfg(all(test, target_env = "gnu"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bulk_transfer_buffer_comes_from_the_heap_not_its_own_mapping() {
+        keep_transfer_buffers().expect("glibc takes both thresholds");
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let mapped = || unsafe { libc::mallinfo2() }.hblks;
+        let before = mapped();
+        // Without the tuning, glibc maps any block over 128 KiB by itself (its default threshold).
+        let buffer = std::hint::black_box(Vec::<u8>::with_capacity(MMAP_THRESHOLD / 2 + 1));
+        assert_eq!(mapped(), before, "a {} byte buffer got its own mapping", buffer.capacity());
+    }
+}
