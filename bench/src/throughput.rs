@@ -23,11 +23,13 @@ const TARGETS: [(Case, f64); 2] = [(Case::SameNodeFastPath, 0.5), (Case::AcrossN
 
 /// What profiling showed and what was tried to make HBONE faster (issue #19), kept with the table so its figures
 /// can be explained and the tries are not repeated blindly.
-const NOTES: &str = "\nWhere the time goes (`perf record` of hbone-proxy during a same-node HBONE transfer, before \
-#19): the proxy keeps about 1.6 of the 2 cores busy, the apps the rest, so the path is CPU-bound here. User-space \
-copies (memmove) took 14% of its samples, AES-GCM 11% (encrypt and decrypt), kernel socket copies 10%, netfilter \
-and conntrack most of the rest. Direct TCP pays one socket copy per byte; HBONE pays three socket hops, two TLS \
-passes and the HTTP/2 framing copies; the fast path pays two socket hops and `splice(2)` through a pipe, no TLS.
+const NOTES: &str = "\nWhere the time goes (`perf record -a` of the whole machine during an across-nodes transfer, one \
+stream): the two proxies' threads took 67% of all samples, the apps 27%, idle 5%, so the path is CPU-bound on 2 \
+cores. Of the proxies' samples about 70% are in the kernel (TCP send and receive on three TCP hops per byte, \
+against one for direct TCP, with the bridge's netfilter hooks and conntrack on each), 20% in hbone-proxy's own \
+code (mostly AES-GCM) and 8% in memmove (rustls's plaintext copies). Before the heap thresholds below, page \
+faults and `madvise` took another 7% of the proxies' samples. The fast path pays two socket hops and `splice(2)` \
+through a pipe, no TLS.
 
 Tried for HBONE across nodes (#19), each against the build before it, release builds alternated in one sitting \
 (`node-bench hbone-throughput --no-write --warmup 1 --iterations 3`, twice each, A B C C B A) on a machine that \
@@ -56,6 +58,18 @@ across-nodes case stop handing tasks between threads (three runs alternated, A B
 builds without LTO): across nodes, one stream, 2.95 / 2.61 Gb/s with one worker against 2.43 / 2.43 and 2.87 / \
 2.55 with two, within the run-to-run spread of about 15%; but one proxy carrying both ends on one node fell from \
 3.02 / 2.87 and 3.46 / 2.96 to 2.29 / 2.33 Gb/s: dropped.
+- Heap thresholds (hbone-proxy `heap.rs`): glibc mapped every 256 KiB read buffer and large HTTP/2 read buffer \
+afresh, or trimmed its arena after freeing one, so the proxies faulted their pages in and zeroed them again \
+(`do_anonymous_page` 3.4% and `madvise` 1% of all samples). Fixed `mallopt` thresholds (in the try: heap blocks \
+up to 4 MiB, trim above 32 MiB; kept: 2 MiB and 8 MiB), measured on the across-nodes case alone \
+(`--warmup 1 --iterations 3`, builds without LTO, idle machine, ten runs alternated B M M B B M M B B M): medians \
+3.09 / 3.24 Gb/s and 4.01 / 3.81 CPU s/GB before, 3.79 / 3.52 Gb/s and 3.19 / 3.29 CPU s/GB after. About 15% \
+less CPU per GB: kept.
+- A TLS send queue of 320 KiB instead of rustls's 64 KiB (`hbone::tls`), so that a 256 KiB DATA frame is one \
+write and one `writev` instead of four (a system-wide count showed about 4.5 `writev` per 256 KiB read on the \
+client's proxy). On top of the heap thresholds, same setup, six runs alternated A B B A A B: medians 4.11 / 4.18 \
+Gb/s and 2.89 / 2.81 CPU s/GB before, 4.49 / 4.42 Gb/s and 2.65 / 2.56 CPU s/GB after. About 8% less CPU per \
+GB: kept. (Direct TCP in these runs, 13 to 24 Gb/s, varies more than in the full scenario.)
 - kTLS: cannot be tried on this machine. Its kernel is built without TLS support (`CONFIG_TLS` is not set in \
 `/proc/config.gz`; `/proc/sys/net/ipv4/tcp_available_ulp` lists only `mptcp`, so `setsockopt(TCP_ULP, \"tls\")` \
 fails), and there are no modules to load. kTLS would move AES-GCM into the kernel's socket copy and drop rustls's \
