@@ -17,6 +17,11 @@ pub struct Throttle {
 }
 
 impl Throttle {
+    /// One that lets its first event through (a `const fn`, for statics).
+    pub const fn new() -> Self {
+        Throttle { last: None, held: 0 }
+    }
+
     /// Counts one event; `Some(count of the events held back before it)` if this one should be logged.
     pub fn hit(&mut self) -> Option<u64> {
         let now = Instant::now();

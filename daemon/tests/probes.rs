@@ -186,6 +186,40 @@ async fn metrics_shows_registered_counters_in_openmetrics_text() {
 }
 
 #[tokio::test]
+async fn metrics_append_a_second_process_and_survive_its_absence() {
+    // The node agent (scraped) and install-cni beside it, each with its own registry and a family both export.
+    let (agent, install) = (start().await, start().await);
+    for (server, installs) in [(&agent, None), (&install, Some(2))] {
+        let mut registry = server.state.registry().lock().unwrap();
+        let build = Counter::<u64>::default();
+        registry.register("istio_build", "Build", build.clone());
+        if let Some(n) = installs {
+            let counter = Counter::<u64>::default();
+            registry.register("istio_cni_installs", "Installs", counter.clone());
+            counter.inc_by(n);
+            build.inc_by(7);
+        }
+    }
+    assert!(agent.state.append_metrics_from(install.addr));
+
+    let reply = get(agent.addr, "GET", "/metrics").await;
+    assert_eq!(reply.status, 200);
+    assert!(reply.body.contains("\nistio_cni_installs_total 2\n"), "install-cni's family is served:\n{}", reply.body);
+    assert!(reply.body.contains("\nistio_build_total 0\n"), "{}", reply.body);
+    assert!(!reply.body.contains("istio_build_total 7"), "a family both export is the agent's alone:\n{}", reply.body);
+    assert_eq!(reply.body.matches("# TYPE istio_build counter").count(), 1, "{}", reply.body);
+    assert!(reply.body.ends_with("\n# EOF\n") && reply.body.matches("# EOF").count() == 1, "{}", reply.body);
+
+    // install-cni gone: the agent's own metrics are still served, whole.
+    install.trigger.start(DrainMode::Immediate);
+    within("install-cni's server to stop", install.task).await.unwrap();
+    let reply = get(agent.addr, "GET", "/metrics").await;
+    assert_eq!(reply.status, 200);
+    assert!(!reply.body.contains("istio_cni_installs"), "{}", reply.body);
+    assert!(reply.body.contains("\nistio_build_total 0\n") && reply.body.ends_with("# EOF\n"), "{}", reply.body);
+}
+
+#[tokio::test]
 async fn unknown_paths_are_404_and_other_methods_405() {
     let server = start().await;
     for path in ["/", "/healthzz", "/metrics/x"] {

@@ -277,15 +277,23 @@ fn every_metric_the_dashboard_queries_is_one_the_binaries_export() {
     }
 
     // The binaries as the chart runs them, on one test node: the node agent (its metrics on 15014, where the pod's
-    // prometheus.io/port points), install-cni beside it on the chart's port, and the node proxy (15020).
+    // prometheus.io/port points, with install-cni's appended), install-cni beside it on the chart's port, and the
+    // node proxy (15020).
     let r = Rendered::new(&[DASHBOARDS]);
     let install_port = r.config_map("istio-cni-config")["MONITORING_PORT"].clone();
+    let appended_port = r.config_map("istio-cni-node-agent-config")["INSTALL_CNI_METRICS_PORT"].clone();
+    assert_eq!(appended_port, install_port, "the agent appends the metrics of install-cni's port");
     let cluster = Cluster::with_backend(RuleBackend::Nftables);
     cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
     // Drift checks and probe self-tests every second, so the test need not wait the default minute.
     let agent = NodeAgent::start(
         &cluster,
-        &[("REPAIR_LABEL_PODS", "true"), ("DRIFT_CHECK_INTERVAL", "1s"), ("PROBE_SELFTEST_INTERVAL", "1s")],
+        &[
+            ("REPAIR_LABEL_PODS", "true"),
+            ("DRIFT_CHECK_INTERVAL", "1s"),
+            ("PROBE_SELFTEST_INTERVAL", "1s"),
+            ("INSTALL_CNI_METRICS_PORT", &appended_port),
+        ],
     );
     let mut installer = Installer::new(&cluster);
     // Any free readiness port: the test's node agent holds 8000 (in the chart it is on 8001).
@@ -312,14 +320,13 @@ fn every_metric_the_dashboard_queries_is_one_the_binaries_export() {
     flush_rules(&a);
 
     let netns = cluster.node.netns().path();
-    let install_port: u16 = install_port.parse().expect("MONITORING_PORT is a port");
     let scrape = |port: u16| match testbed::http::get(&netns, port, "/metrics") {
         Ok((200, body)) => exported_names(&body),
         _ => BTreeSet::new(),
     };
-    let exported = || -> BTreeSet<String> {
-        [ports::CNI_MONITORING, install_port, ports::STATS].into_iter().flat_map(scrape).collect()
-    };
+    // Only the ports the pods' prometheus.io/port annotations name: what an annotation-driven Prometheus scrapes.
+    let exported =
+        || -> BTreeSet<String> { [ports::CNI_MONITORING, ports::STATS].into_iter().flat_map(scrape).collect() };
     let missing = |exported: &BTreeSet<String>| -> Vec<String> {
         queried
             .iter()

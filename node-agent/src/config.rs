@@ -85,6 +85,11 @@ pub struct Config {
     /// Off by default: sidecar drift is only reported (`nodeagent_drift_detected_total{kind="sidecar_rules"}`).
     #[arg(long, env = "DRIFT_REPAIR_SIDECAR", default_value_t = false, action = ArgAction::Set)]
     pub drift_repair_sidecar: bool,
+    /// Port on 127.0.0.1 where install-cni, in the same pod, serves its metrics. The agent's `/metrics` appends
+    /// them, so the one port the pod's `prometheus.io/port` names (15014) carries every istio-cni metric, as
+    /// Istio's single process serves them. Unset: the agent serves its own only.
+    #[arg(long, env = "INSTALL_CNI_METRICS_PORT")]
+    pub install_cni_metrics_port: Option<u16>,
     /// The race repair controller (pods that started before the plugin was chained).
     #[command(flatten)]
     pub repair: RepairConfig,
@@ -218,6 +223,16 @@ impl Config {
                 return Err(format!("REPAIR_NODE_NAME ({node}) must equal NODE_NAME ({})", self.node_name));
             }
         }
+        if let Some(port) = self.install_cni_metrics_port {
+            // Our own ports serve our /metrics: appending them would fetch ourselves on every scrape.
+            if port == 0 || port == self.common.monitoring_port || port == self.common.readiness_port {
+                return Err(format!(
+                    "INSTALL_CNI_METRICS_PORT ({port}) must be install-cni's port, not 0 or this agent's own \
+                     (MONITORING_PORT {}, READINESS_PORT {})",
+                    self.common.monitoring_port, self.common.readiness_port
+                ));
+            }
+        }
         self.repair.pod_selection().map_err(|e| e.to_string())?;
         self.selectors().map(|_| ()).map_err(|e| format!("AMBIENT_ENABLEMENT_SELECTOR: {e}"))
     }
@@ -292,6 +307,21 @@ mod tests {
             config.selectors().unwrap().to_json()
         };
         assert_eq!(parsed(yaml), parsed(json));
+    }
+
+    #[test]
+    fn install_cni_metrics_must_come_from_another_port() {
+        let with = |args: &[&str]| {
+            let mut argv = vec!["node-agent", "--node-name", "n"];
+            argv.extend_from_slice(args);
+            Config::try_parse_from(argv).unwrap().validate()
+        };
+        assert_eq!(with(&[]), Ok(()));
+        assert_eq!(with(&["--install-cni-metrics-port", "15015"]), Ok(()));
+        for own in ["0", "15014", "8000"] {
+            let error = with(&["--install-cni-metrics-port", own]).unwrap_err();
+            assert!(error.starts_with(&format!("INSTALL_CNI_METRICS_PORT ({own})")), "{error}");
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod repair;
 mod timeline;
 mod watch;
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +51,10 @@ fn main() -> ExitCode {
 
 async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let Context { probes, startup, drain, shutdown } = ctx;
+    if let Some(port) = config.install_cni_metrics_port {
+        probes.append_metrics_from(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+        tracing::info!(port, "serving install-cni's metrics after ours");
+    }
     let selectors = config.selectors().context("AMBIENT_ENABLEMENT_SELECTOR")?;
     let metrics = probes.with_registry(Metrics::register);
     let client = kube::Client::try_default().await.context("Kubernetes client")?;

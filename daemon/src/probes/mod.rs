@@ -2,10 +2,14 @@
 //!
 //! With the daemon's [`Paths`]: `GET /healthz` answers 200 while the process can serve at all, `GET /readyz` 200
 //! only while no [`Blocker`] blocks (else 503, the body naming each blocker still blocking and why), `GET /metrics`
-//! the registry in the OpenMetrics text format. Other paths are 404; other methods on those paths 405. A binary
+//! the registry in the OpenMetrics text format, followed by another local process's metrics when
+//! [`ProbeState::append_metrics_from`] names one ([`merge`]). Other paths are 404; other methods on those paths 405. A binary
 //! whose users probe other paths (the proxy: Istio's `/healthz/ready`) serves the same answers there.
 
+pub mod merge;
 mod state;
+
+use std::sync::{Mutex, PoisonError};
 
 use bytes::Bytes;
 use hyper::header::{HeaderValue, ALLOW};
@@ -14,6 +18,7 @@ use tokio::net::TcpListener;
 
 use crate::drain::DrainWatcher;
 use crate::http::{self, reply, Body, TEXT};
+use crate::throttle::Throttle;
 
 pub use state::{Blocker, ProbeState};
 
@@ -45,11 +50,14 @@ impl Default for Paths {
 /// Serves the probe endpoints at `paths` on `listener` until `drain` is signalled (see [`http::Server::serve`]).
 pub async fn serve(listener: TcpListener, state: ProbeState, paths: Paths, drain: DrainWatcher) {
     http::Server::new("probes")
-        .serve(listener, drain, move |request| std::future::ready(respond(&request, &state, paths)))
+        .serve(listener, drain, move |request| {
+            let state = state.clone();
+            async move { respond(&request, &state, paths).await }
+        })
         .await;
 }
 
-fn respond<B>(request: &Request<B>, state: &ProbeState, paths: Paths) -> Response<Body> {
+async fn respond<B>(request: &Request<B>, state: &ProbeState, paths: Paths) -> Response<Body> {
     let path = request.uri().path();
     let live = paths.live == Some(path);
     if !live && path != paths.ready && path != paths.metrics {
@@ -66,7 +74,7 @@ fn respond<B>(request: &Request<B>, state: &ProbeState, paths: Paths) -> Respons
     if path == paths.ready {
         return readiness(state);
     }
-    metrics(state)
+    metrics(state).await
 }
 
 /// 200 `ready`, or 503 with one `name: reason` line per blocker still blocking.
@@ -79,13 +87,34 @@ fn readiness(state: &ProbeState) -> Response<Body> {
     reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, body)
 }
 
-fn metrics(state: &ProbeState) -> Response<Body> {
+async fn metrics(state: &ProbeState) -> Response<Body> {
     let mut body = String::new();
-    match state.with_registry(|registry| prometheus_client::encoding::text::encode(&mut body, registry)) {
-        Ok(()) => reply(StatusCode::OK, OPENMETRICS, Bytes::from(body)),
-        Err(error) => {
-            tracing::warn!(%error, "encoding metrics failed");
-            reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, "encoding metrics failed\n")
+    if let Err(error) = state.with_registry(|registry| prometheus_client::encoding::text::encode(&mut body, registry)) {
+        tracing::warn!(%error, "encoding metrics failed");
+        return reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, "encoding metrics failed\n");
+    }
+    if let Some(source) = state.appended_metrics_source() {
+        let appended = match merge::fetch(source).await {
+            Ok(text) => merge::append(&mut body, &text, source),
+            Err(error) => Err(error),
+        };
+        // Every scrape tries again; a source that is down or broken costs a warning per interval, and its metrics.
+        static FAILED: Mutex<Throttle> = Mutex::new(Throttle::new());
+        static SKIPPED: Mutex<Throttle> = Mutex::new(Throttle::new());
+        let throttle = |t: &Mutex<Throttle>| t.lock().unwrap_or_else(PoisonError::into_inner).hit();
+        match appended {
+            Err(error) => {
+                if let Some(held) = throttle(&FAILED) {
+                    tracing::warn!(%error, failures_since_last_warning = held, "serving our metrics without theirs");
+                }
+            }
+            Ok(skipped) if !skipped.is_empty() => {
+                if let Some(held) = throttle(&SKIPPED) {
+                    tracing::debug!(%source, ?skipped, scrapes_since_last = held, "left out families we export too");
+                }
+            }
+            Ok(_) => {}
         }
     }
+    reply(StatusCode::OK, OPENMETRICS, Bytes::from(body))
 }

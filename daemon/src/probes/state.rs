@@ -1,4 +1,5 @@
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use prometheus_client::registry::Registry;
 
@@ -21,6 +22,8 @@ struct Inner {
     /// Every blocker ever registered, in registration order (the order `/readyz` lists them in).
     blockers: Mutex<Vec<Entry>>,
     registry: Arc<Mutex<Registry>>,
+    /// A local process whose metrics `/metrics` appends to the registry's (see [`super::merge`]).
+    appended: OnceLock<SocketAddr>,
 }
 
 #[derive(Debug)]
@@ -33,7 +36,7 @@ struct Entry {
 impl ProbeState {
     /// Creates the state around the binary's metrics `registry`, with no blockers.
     pub fn new(registry: Arc<Mutex<Registry>>) -> Self {
-        ProbeState { inner: Arc::new(Inner { blockers: Mutex::default(), registry }) }
+        ProbeState { inner: Arc::new(Inner { blockers: Mutex::default(), registry, appended: OnceLock::new() }) }
     }
 
     /// Registers the blocker `name`, blocking with `reason` until its owner clears it. Registering a name twice
@@ -70,6 +73,18 @@ impl ProbeState {
         // Registering and encoding leave the registry consistent at every step, so a panic elsewhere cannot
         // have corrupted it.
         f(&mut self.inner.registry.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Makes `/metrics` append the metrics `GET http://{addr}/metrics` answers (families the registry does not
+    /// have), so one scraped port carries a second process's too. Set once; a second call changes nothing and
+    /// returns false.
+    pub fn append_metrics_from(&self, addr: SocketAddr) -> bool {
+        self.inner.appended.set(addr).is_ok()
+    }
+
+    /// The process whose metrics `/metrics` appends, if any.
+    pub fn appended_metrics_source(&self) -> Option<SocketAddr> {
+        self.inner.appended.get().copied()
     }
 
     fn blockers(&self) -> MutexGuard<'_, Vec<Entry>> {
