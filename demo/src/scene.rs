@@ -90,7 +90,8 @@ pub fn run() -> Result<(), Stop> {
     let conflist = read_json(&conf_file)?;
     progress(3, format_args!("install-cni (pid {}): chained our plugin: {}", install.pid(), plugin_chain(&conflist)))?;
 
-    let agent = NodeAgent::start(&cluster, &[]);
+    // As the chart runs it: install-cni's metrics (15015) appended to its own on 15014.
+    let agent = NodeAgent::start(&cluster, &[("INSTALL_CNI_METRICS_PORT", "15015")]);
     track_process("node-agent", agent.pid());
     if let Some(scratch) = agent.zds_socket().parent() {
         track_dir(scratch.to_path_buf());
