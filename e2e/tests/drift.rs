@@ -3,7 +3,8 @@
 //! jump and our chain's rules; nftables: the whole table); the agent programs them again, counts the repair in
 //! `nodeagent_drift_repaired_total{kind="inpod_rules"}`, logs the diff, and the pod's traffic lands on the
 //! proxy's port again. The host probe SNAT rule, flushed in the node netns, comes back the same way
-//! (`kind="host_probe"`), and host connections come from the probe address again.
+//! (`kind="host_probe"`), and host connections come from the probe address again. The pod's connmark routing
+//! (`ip rule` and table 100), deleted, is repaired and counted with the rules.
 //!
 //! A running sidecar pod's rules, deleted the same way, are only reported (`nodeagent_drift_detected_total
 //! {kind="sidecar_rules"}`) unless `DRIFT_REPAIR_SIDECAR=true`, which programs them again; in a sidecar-only
@@ -131,6 +132,37 @@ fn drifted_rules_are_repaired(backend: RuleBackend) {
     let dst = SocketAddr::V4(SocketAddrV4::new(web.ip, APP_PORT));
     c.node.netns().connect_tcp(dst, Some(KUBELET_UID)).expect("kubelet connects");
     assert_eq!(app.accepted().peer.ip(), IpAddr::V4(proxy::PROBE_SNAT_V4), "{backend:?}: SNAT to the probe address");
+}
+
+/// Whether the pod's netns holds the connmark routing the agent programs (Istio's mark, priority and table).
+fn has_connmark_routing(ns: &NetnsGuard) -> bool {
+    ns.exec_ok(&["ip", "rule", "show"]).contains("32764:\tfrom all fwmark 0x111/0xfff lookup 100")
+        && ns.exec_ok(&["ip", "route", "show", "table", "100"]).contains("local default dev lo")
+}
+
+#[test]
+fn deleted_connmark_routing_is_repaired() {
+    let backend = RuleBackend::Nftables;
+    let (c, agent) = ambient_node(backend, NS, &SETTINGS);
+    let _peer = ZdsPeer::connect(&agent);
+    let web = run(&c, "web");
+    assert!(has_connmark_routing(&web.netns), "enrolled with its routing");
+
+    // The rules stay; the policy routing that returns TPROXY'd inbound replies to the proxy goes.
+    web.netns.exec_ok(&["ip", "rule", "del", "pref", "32764"]);
+    web.netns.exec_ok(&["ip", "route", "flush", "table", "100"]);
+    assert!(!has_connmark_routing(&web.netns));
+    let ctx = context(&agent, backend, &web);
+    eventually_or(
+        "the connmark routing is back and the repair is counted",
+        || (has_connmark_routing(&web.netns) && agent.metric(INPOD) >= Some(1)).then_some(()),
+        &ctx,
+    );
+    let log = agent.log();
+    assert!(
+        log.lines().any(|l| l.contains("rules drifted: repaired") && l.contains("rule fwmark 0x111/0xfff pref 32764")),
+        "the repair is logged with the missing routing\n{log}"
+    );
 }
 
 #[test]

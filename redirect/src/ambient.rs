@@ -92,7 +92,7 @@ impl Default for ConnmarkRoutes {
 
 impl ConnmarkRoutes {
     /// The routing rule as the routing step takes it.
-    fn fwmark_rule(self) -> FwmarkRule {
+    pub(crate) fn fwmark_rule(self) -> FwmarkRule {
         FwmarkRule { mark: self.mark, mask: Some(self.mask), priority: Some(self.priority), table: self.table }
     }
 }

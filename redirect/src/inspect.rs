@@ -11,7 +11,9 @@
 //!   by the tag each rule carries (see [`crate::nft::rules`]).
 //!
 //! Lines are grouped per table and chain (order inside a chain kept), and each side has a digest, so a
-//! re-ordered chain counts as drift too.
+//! re-ordered chain counts as drift too. An ambient report ends with the pod's connmark routing, read over
+//! rtnetlink (`ipv4 rule fwmark 0x111/0xfff pref 32764 lookup 100`, `ipv4 route local default dev lo table 100`):
+//! without it the replies of TPROXY'd inbound connections are routed away, so its loss is drift like a rule's.
 
 use std::collections::HashMap;
 
@@ -23,6 +25,7 @@ use crate::model::{is_builtin_chain, Family, Op, RuleSet, Table};
 use crate::nft::layout::NftLayout;
 use crate::nft::rules::{rule_tag, RuleEntry};
 use crate::nft::NftError;
+use crate::routing::{self, FoundFwmark, FwmarkRule};
 
 /// Our rules in one netns: what the plan programs and what is there, by backend.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -57,6 +60,11 @@ impl RuleReport {
             missing,
             unexpected,
         }
+    }
+
+    /// The report with `expected` and `found` lines appended to its own.
+    fn extended(self, expected: Vec<String>, found: Vec<String>) -> Self {
+        RuleReport::new(self.backend, [self.expected, expected].concat(), [self.found, found].concat())
     }
 
     /// Whether the netns differs from the plan: a rule missing, added, changed or out of order.
@@ -353,7 +361,46 @@ pub(crate) fn ambient_iptables(
 ) -> Result<RuleReport, IptablesError> {
     let families: Vec<(Family, &RuleSet)> =
         std::iter::once(&plan.v4).chain(plan.v6.as_ref()).map(|rs| (rs.family, rs)).collect();
-    report_iptables(netns, backend, &families, Ours::Chains(&ambient::OWNED))
+    let report = report_iptables(netns, backend, &families, Ours::Chains(&ambient::OWNED))?;
+    let found = netns.run(|| routing::read_fwmark(plan.routes.fwmark_rule(), &plan.families()))??;
+    Ok(report.extended(expected_routing(plan), found_routing(plan.routes.fwmark_rule(), &found)))
+}
+
+/// The connmark routing lines `plan` programs, per family: its rule, then its table's local default route.
+fn expected_routing(plan: &AmbientPlan) -> Vec<String> {
+    let rule = plan.routes.fwmark_rule();
+    plan.families().into_iter().flat_map(|f| [rule_line(f, rule), local_default_line(f, rule.table)]).collect()
+}
+
+/// The connmark routing lines found, in the order of [`expected_routing`]: rules by priority, then the table's
+/// routes (anything but the local default route shows as one line, so it counts as drift).
+fn found_routing(planned: FwmarkRule, found: &[FoundFwmark]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for f in found {
+        let mut rules = f.rules.clone();
+        rules.sort_by_key(|r| r.priority);
+        lines.extend(rules.into_iter().map(|r| rule_line(f.family, r)));
+        if f.local_default {
+            lines.push(local_default_line(f.family, planned.table));
+        }
+        if f.other_routes > 0 {
+            lines.push(format!(
+                "{} route table {}: {} other routes",
+                family_word(f.family),
+                planned.table,
+                f.other_routes
+            ));
+        }
+    }
+    lines
+}
+
+fn rule_line(family: Family, r: FwmarkRule) -> String {
+    format!("{} rule {}", family_word(family), routing::rule_spec(r))
+}
+
+fn local_default_line(family: Family, table: u32) -> String {
+    format!("{} route {}", family_word(family), routing::route_spec(table))
 }
 
 /// A sidecar `plan` against the iptables rules in `netns` (every rule of the tables the sidecar owns).
@@ -418,7 +465,9 @@ pub(crate) fn report_nft(
 /// The ambient in-pod rules of `plan` against the `istio-ambient-*` tables in `netns`.
 pub(crate) fn ambient_nftables(netns: &Netns, plan: &AmbientPlan) -> Result<RuleReport, NftError> {
     let layout = ambient::nft_layout(plan)?;
-    report_nft(netns, expected_nft(&layout), &crate::nft::layout::owned_tables(ambient::NFT_PREFIX))
+    let report = report_nft(netns, expected_nft(&layout), &crate::nft::layout::owned_tables(ambient::NFT_PREFIX))?;
+    let found = netns.run(|| routing::read_fwmark(plan.routes.fwmark_rule(), &plan.families()))??;
+    Ok(report.extended(expected_routing(plan), found_routing(plan.routes.fwmark_rule(), &found)))
 }
 
 /// A sidecar `plan` against the `istio-proxy-*` tables in `netns`.
@@ -479,5 +528,30 @@ mod tests {
         assert_eq!((missing.missing, missing.unexpected), (lines(&["b"]), vec![]));
         let reordered = RuleReport::new("nftables", lines(&["a", "b"]), lines(&["b", "a"]));
         assert!(reordered.drifted() && reordered.missing.is_empty() && reordered.unexpected.is_empty());
+    }
+
+    #[test]
+    fn lost_or_changed_connmark_routing_is_drift() {
+        let plan = ambient::build(&ambient::InpodConfig::default());
+        let planned = plan.routes.fwmark_rule();
+        let expected = expected_routing(&plan);
+        assert_eq!(
+            expected,
+            ["ipv4 rule fwmark 0x111/0xfff pref 32764 lookup 100", "ipv4 route local default dev lo table 100"]
+        );
+        let report = |rules: Vec<FwmarkRule>, local_default: bool, other_routes: usize| {
+            let found = [FoundFwmark { family: Family::V4, rules, local_default, other_routes }];
+            RuleReport::new("nftables", expected.clone(), found_routing(planned, &found))
+        };
+        assert!(!report(vec![planned], true, 0).drifted(), "as programmed");
+        let lost = report(vec![], false, 0);
+        assert!(lost.drifted());
+        assert_eq!(lost.missing, expected, "the rule and the route, deleted");
+        let changed = report(vec![FwmarkRule { mask: None, ..planned }], true, 1);
+        assert_eq!(changed.missing, ["ipv4 rule fwmark 0x111/0xfff pref 32764 lookup 100"]);
+        assert_eq!(
+            changed.unexpected,
+            ["ipv4 rule fwmark 0x111 pref 32764 lookup 100", "ipv4 route table 100: 1 other routes"]
+        );
     }
 }

@@ -1,14 +1,15 @@
 //! Policy routing over rtnetlink, done by both backends after the rules: a sidecar plan's IPv6 passthrough source
 //! and TPROXY routing (`program_sidecar`), and an ambient pod's connmark routing (`program_fwmark`). All of it
 //! is idempotent `ip rule fwmark … lookup …` / `ip route add local default dev lo table …` / `ip addr add`, on an
-//! rtnetlink handle of the calling thread's netns.
+//! rtnetlink handle of the calling thread's netns. [`read_fwmark`] reads the connmark routing back for drift
+//! checks.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt as _;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
-use rtnetlink::packet_route::route::{RouteMessage, RouteScope, RouteType};
+use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteScope, RouteType};
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
@@ -231,15 +232,24 @@ pub(crate) fn program_fwmark(rule: FwmarkRule, families: &[Family], add: bool) -
     })
 }
 
-/// `ip rule fwmark MARK[/MASK] [pref PRIORITY] lookup TABLE`, for error messages.
-fn rule_text(r: FwmarkRule) -> String {
+/// `fwmark MARK[/MASK] [pref PRIORITY] lookup TABLE`: a rule as `ip rule` shows it (errors, drift reports).
+pub(crate) fn rule_spec(r: FwmarkRule) -> String {
     let mask = r.mask.map(|m| format!("/{m:#x}")).unwrap_or_default();
     let pref = r.priority.map(|p| format!(" pref {p}")).unwrap_or_default();
-    format!("ip rule fwmark {:#x}{mask}{pref} lookup {}", r.mark, r.table)
+    format!("fwmark {:#x}{mask}{pref} lookup {}", r.mark, r.table)
+}
+
+/// `local default dev lo table TABLE`: the table's route as `ip route` shows it (errors, drift reports).
+pub(crate) fn route_spec(table: u32) -> String {
+    format!("local default dev lo table {table}")
+}
+
+fn rule_text(r: FwmarkRule) -> String {
+    format!("ip rule {}", rule_spec(r))
 }
 
 fn route_text(r: FwmarkRule) -> String {
-    format!("ip route local default dev lo table {}", r.table)
+    format!("ip route {}", route_spec(r.table))
 }
 
 async fn add_fwmark(handle: &Handle, rule: FwmarkRule, family: Family) -> Result<(), RoutingError> {
@@ -255,6 +265,81 @@ async fn del_fwmark(handle: &Handle, rule: FwmarkRule, family: Family) -> Result
     }
     let res = handle.route().del(local_default(family, rule.table)).execute().await;
     tolerate_missing(res).map_err(err(route_text(rule)))
+}
+
+/// An ambient pod's connmark routing in one family, as the netns holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FoundFwmark {
+    /// The family read.
+    pub family: Family,
+    /// The `ip rule`s with the plan's mark and table, with the mask and priority they have.
+    pub rules: Vec<FwmarkRule>,
+    /// Whether the plan's table holds `local default dev lo`.
+    pub local_default: bool,
+    /// Other routes in the plan's table.
+    pub other_routes: usize,
+}
+
+/// Reads, per family, the rules with `rule`'s mark and table (whatever their mask and priority) and the routes of
+/// its table, in the calling thread's netns. Changes nothing.
+pub(crate) fn read_fwmark(rule: FwmarkRule, families: &[Family]) -> Result<Vec<FoundFwmark>, RoutingError> {
+    with_handle(|handle| async move {
+        let mut found = Vec::new();
+        for &family in families {
+            let err = |what: &str| {
+                let what = format!("read {what}");
+                move |source| RoutingError::Netlink { what, family, source }
+            };
+            let any_mask = FwmarkRule { mask: None, priority: None, ..rule };
+            let rules = find_rules(&handle, family, any_mask)
+                .await
+                .map_err(err(&rule_text(any_mask)))?
+                .iter()
+                .map(|r| {
+                    let (mut mask, mut priority) = (None, None);
+                    for attribute in &r.attributes {
+                        match attribute {
+                            RuleAttribute::FwMask(m) => mask = Some(*m),
+                            RuleAttribute::Priority(p) => priority = Some(*p),
+                            _ => {}
+                        }
+                    }
+                    FwmarkRule { mask, priority, ..rule }
+                })
+                .collect();
+            let routes = table_routes(&handle, family, rule.table).await.map_err(err(&route_text(rule)))?;
+            let local_default = routes.iter().any(is_local_default);
+            let other_routes = routes.iter().filter(|r| !is_local_default(r)).count();
+            found.push(FoundFwmark { family, rules, local_default, other_routes });
+        }
+        Ok(found)
+    })
+}
+
+/// The routes of `table` in `family` (a dump, filtered here: without strict checking the kernel dumps them all).
+async fn table_routes(handle: &Handle, family: Family, table: u32) -> Result<Vec<RouteMessage>, rtnetlink::Error> {
+    let request = match family {
+        Family::V4 => RouteMessageBuilder::<Ipv4Addr>::new().table_id(table).build(),
+        Family::V6 => RouteMessageBuilder::<Ipv6Addr>::new().table_id(table).build(),
+    };
+    let routes: Vec<RouteMessage> = handle.route().get(request).execute().try_collect().await?;
+    Ok(routes
+        .into_iter()
+        .filter(|r| {
+            let in_table = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Table(t) => Some(*t),
+                _ => None,
+            });
+            in_table.unwrap_or(u32::from(r.header.table)) == table
+        })
+        .collect())
+}
+
+/// `local default dev lo`, as [`local_default`] adds it.
+fn is_local_default(route: &RouteMessage) -> bool {
+    route.header.kind == RouteType::Local
+        && route.header.destination_prefix_length == 0
+        && route.attributes.contains(&RouteAttribute::Oif(LOOPBACK_IFINDEX))
 }
 
 /// Treats the kernel's "no such entry" as success (deleting is idempotent).
