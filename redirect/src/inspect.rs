@@ -13,7 +13,8 @@
 //! Lines are grouped per table and chain (order inside a chain kept), and each side has a digest, so a
 //! re-ordered chain counts as drift too. An ambient report ends with the pod's connmark routing, read over
 //! rtnetlink (`ipv4 rule fwmark 0x111/0xfff pref 32764 lookup 100`, `ipv4 route local default dev lo table 100`):
-//! without it the replies of TPROXY'd inbound connections are routed away, so its loss is drift like a rule's.
+//! without it the packets the rules mark for local delivery (TPROXY'd inbound traffic, the app's replies to the
+//! proxy's connections that carry the client's IP) are routed away, so its loss is drift like a rule's.
 
 use std::collections::HashMap;
 
