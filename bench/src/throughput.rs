@@ -38,7 +38,9 @@ one stream, node-bench sink / iperf3 Gb/s and proxy CPU s/GB (sink / iperf3), on
 
 - HTTP/2 windows and frames like ztunnel's (4 MiB stream window, 16 MiB connection window, 1 MiB max frame): \
 already in place since #14 (`hbone::settings`); nothing to change. A 4 MiB h2 send buffer instead of h2's 400 KiB \
-was tried before and made it slower (2.2 Gb/s against 2.5 Gb/s), so it stays at h2's default.
+was tried before and made it slower (2.2 Gb/s against 2.5 Gb/s), so it stays at h2's default. Tried again at 1 MiB \
+with the heap thresholds below in place (three runs each, alternated): 3.78 / 3.70, 3.52 / 3.37 and 3.89 / 4.07 \
+Gb/s against 4.05 / 3.60, 3.75 / 3.50 and 4.24 / 4.08 with h2's default: no better.
 - Large reads handed to h2 as `Bytes` without copying, and DATA payloads written to the app's socket as h2 hands \
 them out (`hbone::copy`, replacing `copy_bidirectional` and its two 64 KiB buffers on both the client's and the \
 server's proxy; reads of up to 256 KiB, so one DATA frame per read; a connection starts with 16 KiB reads and \
