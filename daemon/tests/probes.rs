@@ -15,7 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream, UnixStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixStream};
 use tokio::task::JoinHandle;
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -217,6 +217,46 @@ async fn metrics_append_a_second_process_and_survive_its_absence() {
     assert_eq!(reply.status, 200);
     assert!(!reply.body.contains("istio_cni_installs"), "{}", reply.body);
     assert!(reply.body.contains("\nistio_build_total 0\n") && reply.body.ends_with("# EOF\n"), "{}", reply.body);
+}
+
+/// A scrape of `agent` whose appended source is `source`, a raw peer: what the source received, and the reply.
+async fn scrape_against(agent: &Server, source: TcpListener, answer: Option<String>) -> (String, Reply) {
+    assert!(agent.state.append_metrics_from(source.local_addr().unwrap()));
+    let scrape = tokio::spawn(get(agent.addr, "GET", "/metrics"));
+    let (mut held, _) = within("the agent to connect to the source", source.accept()).await.unwrap();
+    let mut request = vec![0; 1024];
+    let n = within("the agent's request", held.read(&mut request)).await.unwrap();
+    if let Some(answer) = answer {
+        held.write_all(answer.as_bytes()).await.unwrap();
+    }
+    let reply = within("the scrape", scrape).await.unwrap();
+    // Whatever the source did, the agent's side of the connection is closed once the scrape is answered.
+    let mut rest = Vec::new();
+    within("the agent to close the source's connection", held.read_to_end(&mut rest)).await.unwrap();
+    (String::from_utf8_lossy(&request[..n]).into_owned(), reply)
+}
+
+#[tokio::test]
+async fn a_source_that_never_answers_costs_its_metrics_and_holds_nothing_open() {
+    let agent = start().await;
+    let source = TcpListener::bind(localhost_any()).await.unwrap();
+    let (request, reply) = scrape_against(&agent, source, None).await;
+    assert!(request.starts_with("GET /metrics HTTP/1.1\r\n"), "{request}");
+    assert_eq!(reply.status, 200);
+    assert!(reply.body.ends_with("# EOF\n") && reply.body.matches("# EOF").count() == 1, "{}", reply.body);
+}
+
+#[tokio::test]
+async fn a_malformed_source_is_left_out_whole() {
+    let agent = start().await;
+    let source = TcpListener::bind(localhost_any()).await.unwrap();
+    // A good family, then a sample whose label value never closes: served, it would void the whole scrape.
+    let body = "# TYPE good gauge\ngood 1\n# TYPE bad gauge\nbad{x=\"1} 1\n# EOF\n";
+    let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let (_, reply) = scrape_against(&agent, source, Some(answer)).await;
+    assert_eq!(reply.status, 200);
+    assert!(!reply.body.contains("good") && !reply.body.contains("bad"), "{}", reply.body);
+    assert!(reply.body.ends_with("# EOF\n"), "{}", reply.body);
 }
 
 #[tokio::test]

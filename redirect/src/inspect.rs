@@ -362,7 +362,14 @@ pub(crate) fn ambient_iptables(
 ) -> Result<RuleReport, IptablesError> {
     let families: Vec<(Family, &RuleSet)> =
         std::iter::once(&plan.v4).chain(plan.v6.as_ref()).map(|rs| (rs.family, rs)).collect();
-    let report = report_iptables(netns, backend, &families, Ours::Chains(&ambient::OWNED))?;
+    with_routing(report_iptables(netns, backend, &families, Ours::Chains(&ambient::OWNED))?, netns, plan)
+}
+
+/// `report` (an ambient pod's rules) followed by the pod's connmark routing, expected and as read from `netns`.
+fn with_routing<E>(report: RuleReport, netns: &Netns, plan: &AmbientPlan) -> Result<RuleReport, E>
+where
+    E: From<routing::RoutingError> + From<netns::NetnsError>,
+{
     let found = netns.run(|| routing::read_fwmark(plan.routes.fwmark_rule(), &plan.families()))??;
     Ok(report.extended(expected_routing(plan), found_routing(plan.routes.fwmark_rule(), &found)))
 }
@@ -467,8 +474,7 @@ pub(crate) fn report_nft(
 pub(crate) fn ambient_nftables(netns: &Netns, plan: &AmbientPlan) -> Result<RuleReport, NftError> {
     let layout = ambient::nft_layout(plan)?;
     let report = report_nft(netns, expected_nft(&layout), &crate::nft::layout::owned_tables(ambient::NFT_PREFIX))?;
-    let found = netns.run(|| routing::read_fwmark(plan.routes.fwmark_rule(), &plan.families()))??;
-    Ok(report.extended(expected_routing(plan), found_routing(plan.routes.fwmark_rule(), &found)))
+    with_routing(report, netns, plan)
 }
 
 /// A sidecar `plan` against the `istio-proxy-*` tables in `netns`.

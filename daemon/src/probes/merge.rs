@@ -3,8 +3,11 @@
 //! names (15014, as in Istio's chart, where one process serves every istio-cni metric). So the node agent's
 //! `/metrics` fetches install-cni's over loopback and appends the families it does not export itself.
 //!
-//! The fetched text is checked line by line before anything of it is served: a malformed exposition would make
-//! Prometheus drop the whole scrape, the node agent's own metrics with it.
+//! The source is a peer, not a trusted part of us: with `ambient.shareHostNetworkNamespace` the pod shares the
+//! node's loopback, where any host process could hold the port. So the fetch is bounded in time and size, and the
+//! text is checked line by line (names, label sets and escapes, values, each sample in its own family) before
+//! anything of it is served: a malformed exposition would make Prometheus drop the whole scrape, the node agent's
+//! own metrics with it.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -59,28 +62,38 @@ async fn exchange(addr: SocketAddr) -> Result<String, String> {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
         .await
         .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(conn);
     let request = Request::get("/metrics")
         .header(hyper::header::HOST, addr.to_string())
         .body(Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
-    let response = sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
-    if response.status() != StatusCode::OK {
-        return Err(format!("status {}", response.status()));
-    }
-    let body = Limited::new(response.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| format!("body (at most {MAX_BODY} bytes): {e}"))?
-        .to_bytes();
-    String::from_utf8(body.to_vec()).map_err(|_| "body is not UTF-8".to_owned())
+    let answer = async move {
+        let response = sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
+        if response.status() != StatusCode::OK {
+            return Err(format!("status {}", response.status()));
+        }
+        let body = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| format!("body (at most {MAX_BODY} bytes): {e}"))?
+            .to_bytes();
+        String::from_utf8(body.to_vec()).map_err(|_| "body is not UTF-8".to_owned())
+        // The sender goes here, so the connection below ends once the answer is read.
+    };
+    // The connection is driven here, not on a task of its own, so nothing of it outlives the fetch: the caller's
+    // timeout drops it with the socket.
+    let (answer, _) = tokio::join!(answer, conn);
+    answer
 }
+
+/// The suffixes OpenMetrics lets a sample's name add to its family's name.
+const SUFFIXES: [&str; 9] = ["", "_total", "_created", "_bucket", "_count", "_sum", "_info", "_gcount", "_gsum"];
+/// The metric types of a `# TYPE` line.
+const TYPES: [&str; 8] = ["counter", "gauge", "histogram", "gaugehistogram", "stateset", "info", "summary", "unknown"];
 
 /// Appends the families of `source` (an OpenMetrics exposition fetched from `addr`) to `own` (ours, as
 /// `prometheus_client` encodes it, ending with `# EOF`), leaving out families `own` already has: a name exported
 /// twice would make Prometheus reject the scrape. Returns the names left out. On error `own` is unchanged.
 pub fn append(own: &mut String, source: &str, addr: SocketAddr) -> Result<Vec<String>, MergeError> {
-    let malformed = |line: usize, reason| MergeError::Malformed { addr, line, reason };
     let ours: HashSet<&str> = own.lines().filter_map(|l| descriptor(l).map(|(name, _)| name)).collect();
     let mut kept = String::new();
     let mut skipped: Vec<String> = Vec::new();
@@ -89,61 +102,101 @@ pub fn append(own: &mut String, source: &str, addr: SocketAddr) -> Result<Vec<St
     let mut family: Option<(&str, bool)> = None;
     let mut ended = false;
     for (index, line) in source.lines().enumerate() {
-        let number = index + 1;
+        let malformed = |reason| MergeError::Malformed { addr, line: index + 1, reason };
         if ended {
-            return Err(malformed(number, "text after # EOF"));
+            return Err(malformed("text after # EOF"));
         }
         if line == EOF {
             ended = true;
             continue;
         }
-        let name = match descriptor(line) {
-            Some((name, _)) if family.is_some_and(|(current, _)| current == name) => name,
-            Some((name, _)) => {
+        if line.starts_with('#') {
+            let (name, _) = descriptor(line).ok_or_else(|| malformed("a malformed # line"))?;
+            if family.is_none_or(|(current, _)| current != name) {
                 if !seen.insert(name) {
-                    return Err(malformed(number, "a family appears twice"));
+                    return Err(malformed("a family appears twice"));
                 }
                 let keep = !ours.contains(name);
                 if !keep {
                     skipped.push(name.to_owned());
                 }
                 family = Some((name, keep));
-                name
             }
-            None if line.starts_with('#') => return Err(malformed(number, "an unknown # line")),
-            None => {
-                let sample = sample_name(line).ok_or_else(|| malformed(number, "not a sample line"))?;
-                match family {
-                    Some((current, _)) if sample.starts_with(current) => current,
-                    _ => return Err(malformed(number, "a sample outside its family")),
-                }
+        } else {
+            let name = sample_name(line).ok_or_else(|| malformed("not a sample line"))?;
+            let of_family =
+                |(current, _): (&str, bool)| name.strip_prefix(current).is_some_and(|s| SUFFIXES.contains(&s));
+            if !family.is_some_and(of_family) {
+                return Err(malformed("a sample outside its family"));
             }
-        };
-        if family.is_some_and(|(current, keep)| current == name && keep) {
+        }
+        if family.is_some_and(|(_, keep)| keep) {
             kept.push_str(line);
             kept.push('\n');
         }
     }
     if !ended {
-        return Err(malformed(source.lines().count(), "no # EOF at the end"));
+        let line = source.lines().count();
+        return Err(MergeError::Malformed { addr, line, reason: "no # EOF at the end" });
     }
     let body = own.strip_suffix("# EOF\n").unwrap_or(own).to_owned();
     *own = body + &kept + EOF + "\n";
     Ok(skipped)
 }
 
-/// `# HELP`, `# TYPE` or `# UNIT` line: the family name and the rest.
+/// `# HELP`, `# TYPE` (with a known type) or `# UNIT` line: the family name and the rest.
 fn descriptor(line: &str) -> Option<(&str, &str)> {
-    let rest = ["# HELP ", "# TYPE ", "# UNIT "].iter().find_map(|prefix| line.strip_prefix(prefix))?;
+    let (kind, rest) = ["HELP", "TYPE", "UNIT"].iter().find_map(|kind| {
+        let rest = line.strip_prefix("# ")?.strip_prefix(kind)?.strip_prefix(' ')?;
+        Some((*kind, rest))
+    })?;
     let (name, rest) = rest.split_once(' ').unwrap_or((rest, ""));
-    is_metric_name(name).then_some((name, rest))
+    (is_metric_name(name) && (kind != "TYPE" || TYPES.contains(&rest))).then_some((name, rest))
 }
 
-/// The metric name a sample line starts with, if it is one followed by labels or a value.
+/// The metric name of a whole, well-formed sample line: `name[{label="value",...}] value [timestamp]`.
 fn sample_name(line: &str) -> Option<&str> {
-    let end = line.find(['{', ' '])?;
-    let name = &line[..end];
-    is_metric_name(name).then_some(name)
+    let (name, mut rest) = line.split_at(line.find(['{', ' '])?);
+    if let Some(labels) = rest.strip_prefix('{') {
+        rest = after_labels(labels)?;
+    }
+    let mut numbers = rest.strip_prefix(' ')?.split(' ');
+    let value_and_time_parse = numbers.by_ref().take(2).all(|n| n.parse::<f64>().is_ok());
+    (is_metric_name(name) && value_and_time_parse && numbers.next().is_none()).then_some(name)
+}
+
+/// The text after a label set's closing brace, if `labels` (the text after its opening brace) is a well-formed
+/// `name="value",...}` with only the escapes `\\`, `\"` and `\n` in values.
+fn after_labels(labels: &str) -> Option<&str> {
+    let mut rest = labels;
+    if let Some(after) = rest.strip_prefix('}') {
+        return Some(after);
+    }
+    loop {
+        let (name, value) = rest.split_once("=\"")?;
+        if !is_label_name(name) {
+            return None;
+        }
+        let mut escaped = false;
+        let close = value.char_indices().find_map(|(i, c)| match (escaped, c) {
+            (true, '\\' | '"' | 'n') => {
+                escaped = false;
+                None
+            }
+            (true, _) => Some(None),
+            (false, '\\') => {
+                escaped = true;
+                None
+            }
+            (false, '"') => Some(Some(i)),
+            (false, _) => None,
+        })??;
+        rest = &value[close + 1..];
+        if let Some(after) = rest.strip_prefix('}') {
+            return Some(after);
+        }
+        rest = rest.strip_prefix(',')?;
+    }
 }
 
 /// `[a-zA-Z_:][a-zA-Z0-9_:]*`, the metric name syntax.
@@ -151,6 +204,13 @@ fn is_metric_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+/// `[a-zA-Z_][a-zA-Z0-9_]*`, the label name syntax.
+fn is_label_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]
@@ -190,8 +250,18 @@ mod tests {
             ("# TYPE a gauge\nb 1\n# EOF\n", "a sample outside its family"),
             ("# TYPE a gauge\n\n# EOF\n", "not a sample line"),
             ("# TYPE a gauge\na 1\n# TYPE c gauge\nc 1\n# TYPE a gauge\n# EOF\n", "a family appears twice"),
-            ("# TYPE 1a gauge\n# EOF\n", "an unknown # line"),
-            ("# comment\n# EOF\n", "an unknown # line"),
+            ("# TYPE 1a gauge\n# EOF\n", "a malformed # line"),
+            ("# TYPE a gauges\n# EOF\n", "a malformed # line"),
+            ("# comment\n# EOF\n", "a malformed # line"),
+            // What would make Prometheus reject the whole scrape, ours included.
+            ("# TYPE a gauge\na{x=\"1} 1\n# EOF\n", "not a sample line"),
+            ("# TYPE a gauge\na{x=\"1\\q\"} 1\n# EOF\n", "not a sample line"),
+            ("# TYPE a gauge\na{1x=\"1\"} 1\n# EOF\n", "not a sample line"),
+            ("# TYPE a gauge\na{x=\"1\"}} 1\n# EOF\n", "not a sample line"),
+            ("# TYPE a gauge\na one\n# EOF\n", "not a sample line"),
+            ("# TYPE a gauge\na 1 2 3\n# EOF\n", "not a sample line"),
+            // A family that is a prefix of ours must not smuggle in our series.
+            ("# TYPE nodeagent gauge\nnodeagent_up 5\n# EOF\n", "a sample outside its family"),
         ] {
             let mut own = OWN.to_owned();
             match append(&mut own, source, addr()) {
