@@ -31,6 +31,13 @@ code (mostly AES-GCM) and 8% in memmove (rustls's plaintext copies). Before the 
 faults and `madvise` took another 7% of the proxies' samples. The fast path pays two socket hops and `splice(2)` \
 through a pipe, no TLS.
 
+Profiled again with every kept change below in place (same method, 60,000 samples over 8 s, builds without LTO): \
+the proxies' threads took 61% of all samples, the apps 32%, idle 6%. Of the proxies' share, 66% is the kernel \
+(its socket copies alone 14%), 13% AES-GCM (ring's VAES code, both directions), 10% memmove (one plaintext copy \
+on the sending proxy, two on the receiving one) and the remaining 11% everything else in user space: HTTP/2, \
+tokio, rustls's bookkeeping, malloc. A system-wide syscall count showed, per 256 KiB DATA frame, one read and \
+about one `writev` on the sending proxy, and about 11 TLS reads and one write on the receiving one.
+
 Tried for HBONE across nodes (#19), each against the build before it, release builds alternated in one sitting \
 (`node-bench hbone-throughput --no-write --warmup 1 --iterations 3`, twice each, A B C C B A) on a machine that \
 other jobs kept at a load of about 5, so absolute rates are lower than in an idle run; figures are across nodes, \
@@ -82,11 +89,28 @@ difference outside the noise, so AES-256-GCM stays first.
 reads its TLS socket about 13 times per 256 KiB frame. A TLS stream of our own on the unbuffered API (handshake, \
 key updates and alerts included, in place of tokio-rustls) would drop that copy and most of those reads: an \
 estimated 3 to 4% of the proxies' CPU.
+- Reads from the app's socket (so DATA frames) of 64, 128, 512 KiB and 1 MiB instead of 256 KiB, the TLS send \
+queue following (same setup, alternated, two to four runs each): 3.17 / 3.03 Gb/s at 64 KiB, medians 3.85 / \
+3.60 at 128 KiB, 4.17 / 3.79 at 256 KiB, 3.64 / 3.69 at 512 KiB and 3.98 / 3.72 at 1 MiB; proxy CPU 3.82, 3.2, \
+2.9, 3.0 and 2.9 s/GB (sink). Smaller reads cost more per GB, larger ones gain nothing: 256 KiB stays.
+- DATA frames capped at 16 or 64 KiB by the receiver's `SETTINGS_MAX_FRAME_SIZE` instead of 1 MiB (so that the \
+receiving proxy hands the app each record's worth sooner): medians 2.20 / 2.16 Gb/s and 5.5 CPU s/GB at 16 KiB, \
+3.08 / 2.97 and 3.85 at 64 KiB, 3.63 / 3.37 and 3.16 at 1 MiB. Every frame costs the receiving proxy a write to \
+the app and the app a wake-up: 1 MiB stays.
+- One tokio worker per proxy, tried again now that the heap no longer faults (eight runs alternated): medians \
+3.65 / 3.67 Gb/s and 3.16 CPU s/GB with one worker against 3.72 / 3.36 and 3.14 with two: no difference, two \
+stay.
 - kTLS: cannot be tried on this machine. Its kernel is built without TLS support (`CONFIG_TLS` is not set in \
 `/proc/config.gz`; `/proc/sys/net/ipv4/tcp_available_ulp` lists only `mptcp`, so `setsockopt(TCP_ULP, \"tls\")` \
 fails), and there are no modules to load. kTLS would move AES-GCM into the kernel's socket copy and drop rustls's \
 plaintext copy on both proxies, but the HTTP/2 framing keeps every byte passing through user space, so it cannot \
 splice either. Whether it reaches 0.3× stays unmeasured.
+
+Why across nodes stays near 0.3× here: the case is CPU-bound on 2 cores, and two thirds of the proxies' time is \
+the kernel carrying each byte over three TCP hops where direct TCP has one. Of what is left in user space, \
+AES-GCM cannot be cut without kTLS, and the one copy and the TLS reads the unbuffered API would save are about 3% \
+of the machine. Across nodes, one stream, runs of this scenario gave 0.23 to 0.32× (ztunnel about 0.23× on this \
+machine type, #19).
 ";
 
 /// Bytes per throughput run.
