@@ -109,8 +109,10 @@ splice either. Whether it reaches 0.3× stays unmeasured.
 Why across nodes stays near 0.3× here: the case is CPU-bound on 2 cores, and two thirds of the proxies' time is \
 the kernel carrying each byte over three TCP hops where direct TCP has one. Of what is left in user space, \
 AES-GCM cannot be cut without kTLS, and the one copy and the TLS reads the unbuffered API would save are about 3% \
-of the machine. Across nodes, one stream, runs of this scenario gave 0.23 to 0.32× (ztunnel about 0.23× on this \
-machine type, #19).
+of the machine. Five full runs of this scenario at commit 285e7a9 (release build, idle machine, `--iterations 9`, \
+before the table above), across nodes, one stream: node-bench sink 0.306, 0.277, 0.304, 0.309 and 0.301× direct \
+(median 0.304×), iperf3 0.334, 0.282, 0.290, 0.273 and 0.270× (median 0.282×); proxied rates 3.7 to 4.1 Gb/s, \
+direct 11.3 to 14.4 Gb/s. ztunnel is about 0.23× on this machine type (#19).
 ";
 
 /// Bytes per throughput run.
