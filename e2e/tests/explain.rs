@@ -230,6 +230,63 @@ fn explain_names_the_error_of_a_failed_enrollment_and_when_it_happened() {
 }
 
 #[test]
+fn explain_shows_the_proc_search_of_a_running_pod_and_why_it_failed() {
+    let (c, agent) = ambient_node(RuleBackend::Nftables, NS, &[]);
+    c.api.upsert(namespace("lab", json!({}))).expect("store namespace");
+    let _peer = ZdsPeer::connect(&agent);
+    let list = ambient_conflist(&c);
+    // Two pods started while their namespace is not in ambient, both with their IPs reported; only "found" has a
+    // process in its cgroup, so only its netns can be found through /proc.
+    c.create(&plain_pod("lab", "found"));
+    let found = c.add_with(list.clone(), "found", "lab").expect("ADD of a plain pod");
+    let _found_process = PodProcess::start(&found.netns, &uid(&c, "lab", "found"));
+    set_pod_ip(&c, "lab", "found", found.ip);
+    c.create(&plain_pod("lab", "lost"));
+    let lost = c.add_with(list, "lost", "lab").expect("ADD of a plain pod");
+    set_pod_ip(&c, "lab", "lost", lost.ip);
+
+    c.api.upsert(namespace("lab", json!({ names::DATAPLANE_MODE_LABEL: "ambient" }))).expect("label namespace");
+    // Enrolled by the watch: its record begins with the /proc search, as its `netns` step.
+    let r = eventually("lab/found is enrolled through /proc", || {
+        let r = report(&c, "lab/found");
+        (r["timeline"]["outcome"] == "enrolled").then_some(r)
+    });
+    assert_eq!(r["verdict"], "in mesh (ambient)", "{r:#}");
+    assert_eq!(r["timeline"]["source"], "watch", "{r:#}");
+    assert_eq!(phases(&r), ["netns", "rules", "proxy_ack", "probe", "annotate"], "{r:#}");
+    assert_eq!(r["timeline"]["started_at"], r["timeline"]["phases"][0]["started_at"], "{r:#}");
+    assert!(r["timeline"]["phases"][0].get("error").is_none(), "{r:#}");
+
+    // Not found: the failed search is the pod's failed enrollment, with the cause and its time.
+    let r = eventually("lab/lost's failed search is recorded", || {
+        let r = report(&c, "lab/lost");
+        r["verdict"].as_str().unwrap().starts_with("enrollment failed: ").then_some(r)
+    });
+    let verdict = r["verdict"].as_str().unwrap();
+    assert!(verdict.contains("netns not found through /proc: no process there has the pod's UID"), "{r:#}");
+    assert_eq!(r["timeline"]["source"], "watch", "{r:#}");
+    assert_eq!(phases(&r), ["netns"], "{r:#}");
+    assert!(r["timeline"]["phases"][0]["error"].as_str().unwrap().contains("not found through /proc"), "{r:#}");
+    assert!(r["last_error"]["at"].as_str().unwrap().ends_with('Z'), "RFC 3339: {r:#}");
+    assert_eq!(r["zds"]["state"], "not_sent", "{r:#}");
+    let text = explained(&c, &["lab/lost"]);
+    assert!(text.contains("Verdict:    enrollment failed: netns not found through /proc"), "{text}");
+
+    // Its process shows up; the next reconciliation (here: the pod changes) finds it and enrolls it.
+    let _lost_process = PodProcess::start(&lost.netns, &uid(&c, "lab", "lost"));
+    let mut pod = c.api.get("Pod", Some("lab"), "lost").expect("pod lab/lost");
+    pod["metadata"]["labels"]["touched"] = json!("yes");
+    c.api.upsert(pod).expect("store pod");
+    let r = eventually("lab/lost is enrolled once its netns is found", || {
+        let r = report(&c, "lab/lost");
+        (r["timeline"]["outcome"] == "enrolled").then_some(r)
+    });
+    assert_eq!(r["verdict"], "in mesh (ambient)", "{r:#}");
+    assert_eq!(phases(&r), ["netns", "rules", "proxy_ack", "probe", "annotate"], "{r:#}");
+    assert_eq!(r["netns"]["inode"], netns_id(&lost.netns).1, "{r:#}");
+}
+
+#[test]
 fn explain_answers_on_a_sidecar_only_node_too() {
     let (c, _agent) = ambient_node(RuleBackend::IptablesNft, NS, &[("AMBIENT_ENABLED", "false")]);
     let legacy = c.run(&sidecar_pod(NS, "legacy"));

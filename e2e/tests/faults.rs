@@ -444,6 +444,16 @@ fn an_enrolled_pod_whose_netns_is_gone_at_restart_is_kept_then_re_enrolled_or_re
         assert!(peer.received_for(RequestKind::Add, id).is_empty(), "{name}: an Add without a netns");
     }
     assert_eq!(agent.probes(), (Some(200), Some(200)), "the agent is healthy and ready");
+    // explain says why: the restore's /proc search found no netns.
+    let path = format!("/debug/pods/{NS}/db");
+    let (status, body) = testbed::http::get(&c.node.netns().path(), ports::CNI_ADMIN, &path).expect("admin port");
+    assert_eq!(status, 200, "{body}");
+    let r: Value = serde_json::from_str(&body).expect("the report is JSON");
+    assert_eq!(r["timeline"]["source"], "restore", "{r:#}");
+    let search = &r["timeline"]["phases"][0];
+    assert_eq!(search["phase"], "netns", "{r:#}");
+    let error = search["error"].as_str().unwrap_or_default();
+    assert!(error.contains("netns not found through /proc") && error.contains("(Keep)"), "{r:#}");
 
     // web's sandbox is recreated: fully enrolled again. db is deleted: the proxy is told, nothing is left.
     let web = add(&c, "web").unwrap_or_else(|e| panic!("ADD of the recreated sandbox failed: {e}\n{}", agent.log()));

@@ -45,7 +45,7 @@ use crate::config::Config;
 use crate::explain::report::ProxyState;
 use crate::metrics::Metrics;
 use crate::pod_gate::{Pass, PodGate};
-use crate::timeline::{Clock, Source, Timelines};
+use crate::timeline::{Clock, Source, Timed, Timelines};
 
 /// Why a pod could not be enrolled or removed; the message goes back to the plugin.
 /// The longest one API call of an enrollment may take before it counts as failed.
@@ -337,9 +337,24 @@ impl Enroller {
     /// Enrolls `pod`, whose netns is `netns`, and answers only when every step is done (or failed). Holds the
     /// pod's pass throughout, so a removal of it waits; fails with [`EnrollError::Deleted`] (after undoing its
     /// steps) when the pod was deleted before or during it. A pod that fails a later step stays in the cache
-    /// (and at the proxy), for the watch's retry: it runs meanwhile, and its traffic needs the proxy.
-    pub async fn enroll(&self, pod: &Pod, netns: Netns, ips: Vec<IpAddr>) -> Result<(), EnrollError> {
-        self.enroll_with(pod, netns, ips, OnFailure::Keep).await
+    /// (and at the proxy), for the watch's retry: it runs meanwhile, and its traffic needs the proxy. `search` is
+    /// the `/proc` search that found `netns`: the record's `netns` step starts with it.
+    pub async fn enroll(&self, pod: &Pod, netns: Netns, ips: Vec<IpAddr>, search: Timed) -> Result<(), EnrollError> {
+        self.enroll_with(pod, netns, ips, OnFailure::Keep, Some(search)).await
+    }
+
+    /// Records that the watch's `/proc` search for running `pod`'s netns failed with `error`, so that `explain`
+    /// shows the failed step and its time instead of nothing. A pod enrolled meanwhile (by the plugin), or deleted,
+    /// keeps its record.
+    pub async fn search_failed(&self, pod: &Pod, ips: &[IpAddr], search: Timed, error: &str) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let _pass = self.gate.enter(&uid).await;
+        if self.gate.is_deleted(&uid) || self.cache.get(&uid).is_some() {
+            return;
+        }
+        self.timelines.begin(&uid, Source::Watch, ips, search.started());
+        self.timelines.timed_phase(&uid, "netns", search, Some(error.to_string()));
+        self.timelines.finish(&uid, Err(error.to_string()));
     }
 
     /// Like [`Enroller::enroll`], for the plugin's ADD: all or nothing. A failure undoes what was done (cache
@@ -359,7 +374,9 @@ impl Enroller {
     ) -> Result<(), EnrollError> {
         let (enroller, owned) = (self.clone(), pod.clone());
         let task =
-            tokio::spawn(async move { enroller.enroll_with(&owned, netns, ips, OnFailure::Undo { answer_by }).await });
+            tokio::spawn(
+                async move { enroller.enroll_with(&owned, netns, ips, OnFailure::Undo { answer_by }, None).await },
+            );
         task.await.unwrap_or_else(|e| Err(EnrollError::Task { pod: key(pod), reason: e.to_string() }))
     }
 
@@ -369,6 +386,7 @@ impl Enroller {
         netns: Netns,
         ips: Vec<IpAddr>,
         on_failure: OnFailure,
+        search: Option<Timed>,
     ) -> Result<(), EnrollError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let span = tracing::info_span!("enroll", pod = %key(pod), uid = %uid);
@@ -386,9 +404,9 @@ impl Enroller {
             let source = if on_failure == OnFailure::Keep { Source::Watch } else { Source::Plugin };
             // A deleted pod is refused before its first step: its record went with its removal.
             if !self.gate.is_deleted(&uid) {
-                self.timelines.begin(&uid, source, &ips);
+                self.timelines.begin(&uid, source, &ips, search.map_or_else(Clock::start, Timed::started));
             }
-            let mut result = self.enroll_steps(pod, netns, &ips, &mut done, on_failure).await;
+            let mut result = self.enroll_steps(pod, netns, &ips, &mut done, on_failure, search).await;
             let OnFailure::Undo { answer_by } = on_failure else {
                 self.timelines.finish(&uid, result.as_ref().map(drop).map_err(ToString::to_string));
                 return result;
@@ -430,6 +448,7 @@ impl Enroller {
         ips: &[IpAddr],
         done: &mut Done,
         on_failure: OnFailure,
+        search: Option<Timed>,
     ) -> Result<(), EnrollError> {
         let ips = ips.to_vec();
         let name = key(pod);
@@ -438,7 +457,10 @@ impl Enroller {
         let started = Instant::now();
         let clock = Clock::start();
         let fd = netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() });
-        let fd = self.step(&uid, "netns", clock, fd)?;
+        // The watch's `/proc` search that found the netns is part of this step.
+        let step = search.map_or_else(|| clock.stop(), |search| search.then(clock.stop()));
+        self.timelines.timed_phase(&uid, "netns", step, fd.as_ref().err().map(ToString::to_string));
+        let fd = fd?;
         let clock = Clock::start();
         let programmed = self.program_rules(pod, netns).await;
         self.step(&uid, "rules", clock, programmed)?;
@@ -595,13 +617,15 @@ impl Enroller {
 
     /// Puts a pod enrolled before a restart back into the cache, so the next proxy connection gets it in its
     /// snapshot (Keep when its netns is unknown). With `reprogram` its rules are applied again first: the apply
-    /// replaces them atomically, so no packet escapes during the swap.
+    /// replaces them atomically, so no packet escapes during the swap. `netns` is what the `/proc` search timed
+    /// by `search` found, or why it found nothing.
     pub async fn restore(
         &self,
         pod: &Pod,
-        netns: Option<Netns>,
+        netns: Result<Netns, String>,
         ips: Vec<IpAddr>,
         reprogram: bool,
+        search: Timed,
     ) -> Result<(), EnrollError> {
         let name = key(pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -609,8 +633,8 @@ impl Enroller {
         if self.gate.is_deleted(&uid) {
             return Err(EnrollError::Deleted { pod: name, uid, stage: Stage::Rules.name() });
         }
-        self.timelines.begin(&uid, Source::Restore, &ips);
-        let result = self.restore_steps(pod, netns, ips, reprogram).await;
+        self.timelines.begin(&uid, Source::Restore, &ips, search.started());
+        let result = self.restore_steps(pod, netns, ips, reprogram, search).await;
         self.timelines.finish(&uid, result.as_ref().map(drop).map_err(ToString::to_string));
         result
     }
@@ -618,17 +642,31 @@ impl Enroller {
     async fn restore_steps(
         &self,
         pod: &Pod,
-        netns: Option<Netns>,
+        netns: Result<Netns, String>,
         ips: Vec<IpAddr>,
         reprogram: bool,
+        search: Timed,
     ) -> Result<(), EnrollError> {
         let name = key(pod);
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let mut fd = None;
+        let clock = Clock::start();
+        let netns = match netns {
+            Ok(netns) => {
+                let opened =
+                    netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() });
+                let error = opened.as_ref().err().map(ToString::to_string);
+                self.timelines.timed_phase(&uid, "netns", search.then(clock.stop()), error);
+                fd = Some(Arc::new(opened?));
+                Some(netns)
+            }
+            Err(error) => {
+                let error = format!("{error}: restored without it, so its proxy keeps what it had (Keep)");
+                self.timelines.timed_phase(&uid, "netns", search, Some(error));
+                None
+            }
+        };
         if let Some(netns) = netns {
-            fd = Some(Arc::new(
-                netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() })?,
-            ));
             if reprogram {
                 let clock = Clock::start();
                 let programmed = self.program_rules(pod, netns).await;

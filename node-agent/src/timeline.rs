@@ -50,6 +50,31 @@ impl Clock {
     pub fn start() -> Self {
         Self { at: SystemTime::now(), started: Instant::now() }
     }
+
+    /// The step begun at this clock ends now.
+    pub fn stop(self) -> Timed {
+        Timed { started: self, took: self.started.elapsed() }
+    }
+}
+
+/// A step already timed: the watch's `/proc` search for a pod's netns ends before the pod's enrollment begins
+/// (and one scan serves many pods), so its record gets the step whole.
+#[derive(Debug, Clone, Copy)]
+pub struct Timed {
+    started: Clock,
+    took: Duration,
+}
+
+impl Timed {
+    /// When the step began.
+    pub fn started(self) -> Clock {
+        self.started
+    }
+
+    /// This step and `next`, which followed it, as one step.
+    pub fn then(self, next: Timed) -> Timed {
+        Timed { started: self.started, took: self.took + next.took }
+    }
 }
 
 /// One pod's record.
@@ -80,8 +105,9 @@ fn millis(d: Duration) -> f64 {
 }
 
 impl Timelines {
-    /// A new enrollment of pod `uid` with `ips` begins: its steps so far are forgotten, its last error kept.
-    pub fn begin(&self, uid: &str, source: Source, ips: &[IpAddr]) {
+    /// A new enrollment of pod `uid` with `ips` began at `started`: its steps so far are forgotten, its last error
+    /// kept.
+    pub fn begin(&self, uid: &str, source: Source, ips: &[IpAddr], started: Clock) {
         let mut records = self.lock();
         if !records.contains_key(uid) && records.len() >= MAX_RECORDS {
             if let Some(oldest) = records.iter().min_by_key(|(_, r)| r.started.at).map(|(k, _)| k.clone()) {
@@ -92,7 +118,7 @@ impl Timelines {
         let record = Record {
             source,
             ips: ips.to_vec(),
-            started: Clock::start(),
+            started,
             phases: Vec::new(),
             proxy: ProxyState::NotSent,
             outcome: None,
@@ -103,11 +129,16 @@ impl Timelines {
 
     /// Step `name` of pod `uid`'s enrollment, begun at `started`, ended now with `error` (if it failed).
     pub fn phase(&self, uid: &str, name: &'static str, started: Clock, error: Option<String>) {
+        self.timed_phase(uid, name, started.stop(), error);
+    }
+
+    /// Step `name` of pod `uid`'s enrollment, timed already, with `error` (if it failed).
+    pub fn timed_phase(&self, uid: &str, name: &'static str, step: Timed, error: Option<String>) {
         if let Some(record) = self.lock().get_mut(uid) {
             record.phases.push(Phase {
                 phase: name.to_string(),
-                started_at: rfc3339(started.at),
-                duration_ms: millis(started.started.elapsed()),
+                started_at: rfc3339(step.started.at),
+                duration_ms: millis(step.took),
                 error,
             });
         }
@@ -133,6 +164,12 @@ impl Timelines {
     /// Pod `uid` left (removed, deleted): its record goes.
     pub fn forget(&self, uid: &str) {
         self.lock().remove(uid);
+    }
+
+    /// Keeps, of the records whose enrollment has ended, those of the pods `keep` names: a relist drops those of
+    /// pods deleted while the watch was down, which no Delete will remove. A record in progress stays.
+    pub fn retain_ended(&self, keep: impl Fn(&str) -> bool) {
+        self.lock().retain(|uid, r| r.outcome.is_none() || keep(uid));
     }
 
     /// Pod `uid`'s record as explain shows it, if there is one.
@@ -177,7 +214,7 @@ mod tests {
     #[test]
     fn a_failed_enrollment_keeps_its_steps_and_error_until_the_next_one_and_removal_forgets_it() {
         let t = Timelines::default();
-        t.begin("u1", Source::Plugin, &[]);
+        t.begin("u1", Source::Plugin, &[], Clock::start());
         t.phase("u1", "rules", Clock::start(), None);
         t.proxy("u1", ProxyState::Sent);
         t.proxy("u1", ProxyState::Error { message: "no proxy connected".into() });
@@ -189,7 +226,7 @@ mod tests {
         assert!(got.last_error.as_ref().unwrap().message.contains("no proxy"));
         assert!(got.last_error.unwrap().at.ends_with('Z'), "RFC 3339 in UTC");
 
-        t.begin("u1", Source::Watch, &[]);
+        t.begin("u1", Source::Watch, &[], Clock::start());
         let again = t.get("u1").unwrap();
         assert!(again.phases.is_empty() && !again.failed && again.outcome == "in progress");
         assert!(again.last_error.is_some(), "the last error outlives the retry that has not ended");
@@ -200,10 +237,35 @@ mod tests {
     }
 
     #[test]
+    fn a_step_timed_before_the_record_is_kept_whole_and_starts_the_record() {
+        let t = Timelines::default();
+        let search = Timed { started: Clock::start(), took: Duration::from_millis(20) };
+        let open = Clock::start().stop();
+        t.begin("u1", Source::Watch, &[], search.started());
+        t.timed_phase("u1", "netns", search.then(open), None);
+        let got = t.get("u1").unwrap();
+        assert_eq!(got.started_at, got.phases[0].started_at, "the record starts with the search");
+        assert!(got.phases[0].duration_ms >= 20.0, "the search's time is in the step: {:?}", got.phases[0]);
+    }
+
+    #[test]
+    fn a_relist_drops_ended_records_of_pods_it_did_not_list_but_keeps_those_in_progress() {
+        let t = Timelines::default();
+        for uid in ["listed", "gone", "in-progress"] {
+            t.begin(uid, Source::Watch, &[], Clock::start());
+        }
+        t.finish("listed", Err("netns not found".into()));
+        t.finish("gone", Err("netns not found".into()));
+        t.retain_ended(|uid| uid == "listed");
+        assert!(t.get("listed").is_some() && t.get("in-progress").is_some());
+        assert!(t.get("gone").is_none());
+    }
+
+    #[test]
     fn the_records_are_capped() {
         let t = Timelines::default();
         for i in 0..MAX_RECORDS + 10 {
-            t.begin(&format!("u{i}"), Source::Watch, &[]);
+            t.begin(&format!("u{i}"), Source::Watch, &[], Clock::start());
         }
         assert_eq!(t.len(), MAX_RECORDS);
     }

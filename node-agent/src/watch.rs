@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,13 +32,43 @@ use istio_contract::names::{AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED};
 use crate::enroll::Enroller;
 use crate::metrics::{EventType, Metrics};
 use crate::node_pods::{PodEvent, PodEvents};
+use crate::timeline::{Clock, Timed};
 use istio_contract::enablement::{should_enroll, PodFacts, Selectors};
 
 /// Longest pause before a failed pod is retried.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Why a running pod could not be enrolled: no process of it (by UID in its cgroup) in a netns holding its IPs.
-const NOT_FOUND: &str = "netns not found through /proc";
+fn not_found(proc_dir: &Path) -> String {
+    format!(
+        "netns not found through {}: no process there has the pod's UID in its cgroup and a netns holding one of \
+         its IPs",
+        proc_dir.display()
+    )
+}
+
+/// What a `/proc` search found for one pod, or why it found nothing, and when it ran: the pod's enrollment record
+/// shows it as its `netns` step.
+struct Searched {
+    netns: Result<netns::Netns, String>,
+    step: Timed,
+}
+
+/// One `/proc` scan for several pods: the netns it found by pod UID, when it ran, and why it failed if it did.
+struct Scan {
+    found: HashMap<String, netns::Netns>,
+    step: Timed,
+    error: Option<String>,
+    not_found: String,
+}
+
+impl Scan {
+    /// What the scan says of pod `id` (its netns is taken out).
+    fn take(&mut self, id: &str) -> Searched {
+        let why = || self.error.clone().unwrap_or_else(|| self.not_found.clone());
+        Searched { netns: self.found.remove(id).ok_or_else(why), step: self.step }
+    }
+}
 
 enum Change {
     Pod(PodEvent),
@@ -238,7 +269,11 @@ impl State {
     /// enrolled while the list (possibly served from a cache) was being taken is not mistaken for a deleted one.
     fn relist_done(&mut self) {
         let Some(seen) = self.relist.take() else { return };
-        for (id, info) in self.enroller.cache().enrolled() {
+        let enrolled = self.enroller.cache().enrolled();
+        // A pod never enrolled (its enrollment failed) leaves only its record; it goes with the pod.
+        let kept: HashSet<&str> = seen.iter().chain(enrolled.iter().map(|(id, _)| id)).map(String::as_str).collect();
+        self.enroller.timelines().retain_ended(|id| kept.contains(id));
+        for (id, info) in enrolled {
             if seen.contains(&id) {
                 continue;
             }
@@ -294,10 +329,10 @@ impl State {
     /// Reconciles every pod of `pods`, finding the netns of those it enrolls in one `/proc` scan.
     async fn reconcile_all(&mut self, pods: Vec<Arc<Pod>>) {
         let to_enroll: Vec<Arc<Pod>> = pods.iter().filter(|p| self.needs_netns(p)).cloned().collect();
-        let mut found = self.find_all_netns(&to_enroll).await;
+        let mut scan = self.find_all_netns(&to_enroll).await;
         for pod in pods {
             let id = uid(&pod);
-            let scanned = to_enroll.iter().any(|p| uid(p) == id).then(|| found.remove(&id));
+            let scanned = to_enroll.iter().any(|p| uid(p) == id).then(|| scan.take(&id));
             self.reconcile_with(&pod, scanned).await;
         }
     }
@@ -314,9 +349,8 @@ impl State {
         self.reconcile_with(pod, None).await;
     }
 
-    /// [`State::reconcile`], with the pod's netns when a scan for several pods already looked for it
-    /// (`Some(None)`: not found there).
-    async fn reconcile_with(&mut self, pod: &Pod, scanned: Option<Option<netns::Netns>>) {
+    /// [`State::reconcile`], with what a scan for several pods found of the pod's netns when it already looked.
+    async fn reconcile_with(&mut self, pod: &Pod, scanned: Option<Searched>) {
         let id = uid(pod);
         let id = id.as_str();
         let enrolled = self.enroller.cache().get(id).is_some();
@@ -348,59 +382,76 @@ impl State {
     }
 
     /// A running pod (not coming through the CNI path): its netns is found through /proc, unless `scanned`
-    /// says what a scan for several pods found.
-    async fn enroll_running(&self, pod: &Pod, scanned: Option<Option<netns::Netns>>) -> Result<(), String> {
+    /// says what a scan for several pods found. A failed search is the pod's failed enrollment, for `explain`.
+    async fn enroll_running(&self, pod: &Pod, scanned: Option<Searched>) -> Result<(), String> {
         let ips = pod_ips(pod);
         if ips.is_empty() {
             return Ok(()); // still being created: the plugin hands it over
         }
-        let netns = match scanned {
-            Some(found) => found.ok_or_else(|| NOT_FOUND.to_string())?,
-            None => self.find_netns(pod, &ips).await?,
+        let searched = match scanned {
+            Some(searched) => searched,
+            None => self.find_netns(pod, &ips).await,
         };
-        self.enroller.enroll(pod, netns, ips).await.map_err(|e| e.to_string())
+        match searched.netns {
+            Ok(netns) => self.enroller.enroll(pod, netns, ips, searched.step).await.map_err(|e| e.to_string()),
+            Err(error) => {
+                self.enroller.search_failed(pod, &ips, searched.step, &error).await;
+                Err(error)
+            }
+        }
     }
 
-    async fn find_netns(&self, pod: &Pod, ips: &[IpAddr]) -> Result<netns::Netns, String> {
+    async fn find_netns(&self, pod: &Pod, ips: &[IpAddr]) -> Searched {
         let (proc_dir, id, ips) = (self.config.host_proc.clone(), uid(pod), ips.to_vec());
-        let started = std::time::Instant::now();
+        let (started, clock) = (std::time::Instant::now(), Clock::start());
         self.metrics.proc_scans.inc();
         let scan = tokio::task::spawn_blocking(move || netns::discover::find_pod_netns(&proc_dir, &id, &ips)).await;
+        let step = clock.stop();
         self.metrics.phase("netns", started);
-        scan.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.ok_or_else(|| NOT_FOUND.to_string())
+        let netns = match scan {
+            Err(e) => Err(format!("the /proc scan task failed: {e}")),
+            Ok(Err(e)) => Err(format!("scanning {}: {e}", self.config.host_proc.display())),
+            Ok(Ok(found)) => found.ok_or_else(|| not_found(&self.config.host_proc)),
+        };
+        Searched { netns, step }
     }
 
     /// The netns of every pod in `pods`, found in one `/proc` scan (a scan per pod would read every process once
-    /// per pod: quadratic on a busy node); none for no pods. Pods not found, or a failed scan, are simply absent.
-    /// Each pod found counts the scan's time in the `netns` phase, as its own scan would.
-    async fn find_all_netns(&self, pods: &[Arc<Pod>]) -> HashMap<String, netns::Netns> {
-        if pods.is_empty() {
-            return HashMap::new();
-        }
+    /// per pod: quadratic on a busy node); no scan for no pods. A failed scan is logged, and each pod's search
+    /// fails with its error. Each pod found counts the scan's time in the `netns` phase, as its own scan would.
+    async fn find_all_netns(&self, pods: &[Arc<Pod>]) -> Scan {
         let proc_dir = self.config.host_proc.clone();
+        let mut scan =
+            Scan { found: HashMap::new(), step: Clock::start().stop(), error: None, not_found: not_found(&proc_dir) };
+        if pods.is_empty() {
+            return scan;
+        }
         let asked: Vec<(String, Vec<IpAddr>)> = pods.iter().map(|p| (uid(p), pod_ips(p))).collect();
-        let started = std::time::Instant::now();
+        let (started, clock) = (std::time::Instant::now(), Clock::start());
         self.metrics.proc_scans.inc();
-        let scan = tokio::task::spawn_blocking(move || {
+        let scanned = tokio::task::spawn_blocking(move || {
             let borrowed: Vec<(&str, &[IpAddr])> = asked.iter().map(|(u, ips)| (u.as_str(), ips.as_slice())).collect();
             netns::discover::find_pods_netns(&proc_dir, &borrowed)
-        });
-        match scan.await {
+        })
+        .await;
+        scan.step = clock.stop();
+        match scanned {
             Ok(Ok(found)) => {
                 for _ in 0..found.len() {
                     self.metrics.phase("netns", started);
                 }
-                found
+                scan.found = found;
             }
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "scanning /proc for enrolled pods' netns");
-                Default::default()
+                tracing::warn!(error = %e, "scanning /proc for pods' netns");
+                scan.error = Some(format!("scanning {}: {e}", self.config.host_proc.display()));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the /proc scan task failed");
-                Default::default()
+                scan.error = Some(format!("the /proc scan task failed: {e}"));
             }
         }
+        scan
     }
 
     /// After a restart: pods annotated as enrolled go back into the cache (their netns found through /proc), with
@@ -411,15 +462,15 @@ impl State {
             p.metadata.annotations.as_ref().and_then(|a| a.get(AMBIENT_REDIRECTION)).map(String::as_str)
                 == Some(AMBIENT_REDIRECTION_ENABLED)
         });
-        let mut found = self.find_all_netns(&annotated).await;
+        let mut scan = self.find_all_netns(&annotated).await;
         for pod in annotated {
             let ips = pod_ips(&pod);
-            let netns = found.remove(&uid(&pod));
-            if netns.is_none() {
-                tracing::warn!(pod = %uid(&pod), "enrolled pod's netns not found through /proc; the proxy gets Keep");
+            let searched = scan.take(&uid(&pod));
+            if let Err(error) = &searched.netns {
+                tracing::warn!(pod = %uid(&pod), %error, "enrolled pod's netns not found; the proxy gets Keep");
             }
             let reprogram = self.config.ambient_reconcile_pod_rules_on_startup;
-            if let Err(e) = self.enroller.restore(&pod, netns, ips, reprogram).await {
+            if let Err(e) = self.enroller.restore(&pod, searched.netns, ips, reprogram, searched.step).await {
                 tracing::warn!(pod = %uid(&pod), error = %e, "restoring enrolled pod");
             }
         }

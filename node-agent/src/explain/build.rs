@@ -305,7 +305,7 @@ impl Explainer {
                 } else if pod_ips(pod).is_empty() {
                     "not in mesh: not enrolled yet (waiting for the plugin's ADD)".into()
                 } else {
-                    "not in mesh: not enrolled yet (its netns was not found through /proc)".into()
+                    "not in mesh: not enrolled yet (its netns is still to be searched for through /proc)".into()
                 }
             }
         }
