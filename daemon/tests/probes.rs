@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -257,6 +258,53 @@ async fn a_malformed_source_is_left_out_whole() {
     assert_eq!(reply.status, 200);
     assert!(!reply.body.contains("good") && !reply.body.contains("bad"), "{}", reply.body);
     assert!(reply.body.ends_with("# EOF\n"), "{}", reply.body);
+}
+
+#[tokio::test]
+async fn concurrent_scrapes_fetch_from_the_source_one_at_a_time() {
+    let agent = start().await;
+    let source = TcpListener::bind(localhost_any()).await.unwrap();
+    assert!(agent.state.append_metrics_from(source.local_addr().unwrap()));
+    // The source holds every connection until it has two open at once, then answers them all: scrapes that
+    // fetched side by side would each hold a connection (and a body of up to 4 MiB) and get its metrics.
+    let most_open = Arc::new(AtomicUsize::new(0));
+    let peer = tokio::spawn({
+        let most_open = most_open.clone();
+        async move {
+            let body = "# TYPE theirs gauge\ntheirs 1\n# EOF\n";
+            let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+            let mut held: Vec<TcpStream> = Vec::new();
+            loop {
+                let (mut conn, _) = source.accept().await.unwrap();
+                let mut request = Vec::new();
+                while !request.ends_with(b"\r\n\r\n") {
+                    let mut chunk = [0; 1024];
+                    let n = within("the agent's request", conn.read(&mut chunk)).await.unwrap();
+                    assert!(n > 0, "the agent closed before its request ended");
+                    request.extend_from_slice(&chunk[..n]);
+                }
+                // Connections the agent closed (its fetch timed out) are no longer open.
+                held.retain(
+                    |c| matches!(c.try_read(&mut [0; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                );
+                held.push(conn);
+                most_open.fetch_max(held.len(), Ordering::SeqCst);
+                if held.len() >= 2 {
+                    for c in &mut held {
+                        c.write_all(answer.as_bytes()).await.unwrap();
+                    }
+                }
+            }
+        }
+    });
+    let scrapes: Vec<_> = (0..8).map(|_| tokio::spawn(get(agent.addr, "GET", "/metrics"))).collect();
+    for scrape in scrapes {
+        let reply = within("a scrape", scrape).await.unwrap();
+        assert_eq!(reply.status, 200);
+        assert!(reply.body.ends_with("# EOF\n") && reply.body.matches("# EOF").count() == 1, "{}", reply.body);
+    }
+    peer.abort();
+    assert_eq!(most_open.load(Ordering::SeqCst), 1, "the source had more than one fetch open at once");
 }
 
 #[tokio::test]

@@ -188,8 +188,13 @@ impl Metrics {
         self.pod_lookups.get_or_create(&Source { source }).inc();
     }
 
-    /// Observes one phase's duration.
+    /// Observes one phase's duration, begun at `started` and ended now.
     pub fn phase(&self, phase: &str, started: std::time::Instant) {
-        self.enrollment_seconds.get_or_create(&Phase { phase: phase.into() }).observe(started.elapsed().as_secs_f64());
+        self.phase_took(phase, started.elapsed());
+    }
+
+    /// Observes one phase's duration, timed already (the watch's `/proc` scan).
+    pub fn phase_took(&self, phase: &str, took: std::time::Duration) {
+        self.enrollment_seconds.get_or_create(&Phase { phase: phase.into() }).observe(took.as_secs_f64());
     }
 }

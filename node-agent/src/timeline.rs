@@ -71,6 +71,11 @@ impl Timed {
         self.started
     }
 
+    /// How long it took.
+    pub fn took(self) -> Duration {
+        self.took
+    }
+
     /// This step and `next`, which followed it, as one step.
     pub fn then(self, next: Timed) -> Timed {
         Timed { started: self.started, took: self.took + next.took }

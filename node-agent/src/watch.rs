@@ -54,19 +54,18 @@ struct Searched {
     step: Timed,
 }
 
-/// One `/proc` scan for several pods: the netns it found by pod UID, when it ran, and why it failed if it did.
+/// One `/proc` scan for one or more pods: the netns it found by pod UID, when it ran, and why a pod it did not
+/// find is missing (not there, or the scan's own error).
 struct Scan {
     found: HashMap<String, netns::Netns>,
     step: Timed,
-    error: Option<String>,
-    not_found: String,
+    missing: String,
 }
 
 impl Scan {
     /// What the scan says of pod `id` (its netns is taken out).
     fn take(&mut self, id: &str) -> Searched {
-        let why = || self.error.clone().unwrap_or_else(|| self.not_found.clone());
-        Searched { netns: self.found.remove(id).ok_or_else(why), step: self.step }
+        Searched { netns: self.found.remove(id).ok_or_else(|| self.missing.clone()), step: self.step }
     }
 }
 
@@ -401,57 +400,48 @@ impl State {
         }
     }
 
+    /// One pod's search, counted in the `netns` phase whatever it found.
     async fn find_netns(&self, pod: &Pod, ips: &[IpAddr]) -> Searched {
-        let (proc_dir, id, ips) = (self.config.host_proc.clone(), uid(pod), ips.to_vec());
-        let (started, clock) = (std::time::Instant::now(), Clock::start());
-        self.metrics.proc_scans.inc();
-        let scan = tokio::task::spawn_blocking(move || netns::discover::find_pod_netns(&proc_dir, &id, &ips)).await;
-        let step = clock.stop();
-        self.metrics.phase("netns", started);
-        let netns = match scan {
-            Err(e) => Err(format!("the /proc scan task failed: {e}")),
-            Ok(Err(e)) => Err(format!("scanning {}: {e}", self.config.host_proc.display())),
-            Ok(Ok(found)) => found.ok_or_else(|| not_found(&self.config.host_proc)),
-        };
-        Searched { netns, step }
+        let id = uid(pod);
+        let mut scan = self.scan(vec![(id.clone(), ips.to_vec())]).await;
+        self.metrics.phase_took("netns", scan.step.took());
+        scan.take(&id)
     }
 
     /// The netns of every pod in `pods`, found in one `/proc` scan (a scan per pod would read every process once
-    /// per pod: quadratic on a busy node); no scan for no pods. A failed scan is logged, and each pod's search
-    /// fails with its error. Each pod found counts the scan's time in the `netns` phase, as its own scan would.
+    /// per pod: quadratic on a busy node); no scan for no pods. Each pod found counts the scan's time in the
+    /// `netns` phase, as its own scan would.
     async fn find_all_netns(&self, pods: &[Arc<Pod>]) -> Scan {
-        let proc_dir = self.config.host_proc.clone();
-        let mut scan =
-            Scan { found: HashMap::new(), step: Clock::start().stop(), error: None, not_found: not_found(&proc_dir) };
         if pods.is_empty() {
-            return scan;
+            let step = Clock::start().stop();
+            return Scan { found: HashMap::new(), step, missing: not_found(&self.config.host_proc) };
         }
-        let asked: Vec<(String, Vec<IpAddr>)> = pods.iter().map(|p| (uid(p), pod_ips(p))).collect();
-        let (started, clock) = (std::time::Instant::now(), Clock::start());
+        let scan = self.scan(pods.iter().map(|p| (uid(p), pod_ips(p))).collect()).await;
+        for _ in 0..scan.found.len() {
+            self.metrics.phase_took("netns", scan.step.took());
+        }
+        scan
+    }
+
+    /// Scans `/proc` once for the pods `asked` (UID and IPs) on a blocking thread; a failed scan is logged, and
+    /// every pod's search fails with its error.
+    async fn scan(&self, asked: Vec<(String, Vec<IpAddr>)>) -> Scan {
+        let proc_dir = self.config.host_proc.clone();
+        let clock = Clock::start();
         self.metrics.proc_scans.inc();
         let scanned = tokio::task::spawn_blocking(move || {
             let borrowed: Vec<(&str, &[IpAddr])> = asked.iter().map(|(u, ips)| (u.as_str(), ips.as_slice())).collect();
             netns::discover::find_pods_netns(&proc_dir, &borrowed)
         })
         .await;
-        scan.step = clock.stop();
-        match scanned {
-            Ok(Ok(found)) => {
-                for _ in 0..found.len() {
-                    self.metrics.phase("netns", started);
-                }
-                scan.found = found;
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "scanning /proc for pods' netns");
-                scan.error = Some(format!("scanning {}: {e}", self.config.host_proc.display()));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the /proc scan task failed");
-                scan.error = Some(format!("the /proc scan task failed: {e}"));
-            }
-        }
-        scan
+        let step = clock.stop();
+        let failed = match scanned {
+            Ok(Ok(found)) => return Scan { found, step, missing: not_found(&self.config.host_proc) },
+            Ok(Err(e)) => format!("scanning {}: {e}", self.config.host_proc.display()),
+            Err(e) => format!("the /proc scan task failed: {e}"),
+        };
+        tracing::warn!(error = %failed, "scanning /proc for pods' netns");
+        Scan { found: HashMap::new(), step, missing: failed }
     }
 
     /// After a restart: pods annotated as enrolled go back into the cache (their netns found through /proc), with

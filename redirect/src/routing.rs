@@ -111,23 +111,21 @@ async fn find_rules(handle: &Handle, family: Family, rule: FwmarkRule) -> Result
         Family::V4 => IpVersion::V4,
         Family::V6 => IpVersion::V6,
     };
-    let rules: Vec<RuleMessage> = handle.rule().get(version).execute().try_collect().await?;
-    Ok(rules
-        .into_iter()
-        .filter(|r| {
-            let table = r
-                .attributes
-                .iter()
-                .find_map(|a| match a {
-                    RuleAttribute::Table(t) => Some(*t),
-                    _ => None,
-                })
-                .unwrap_or(u32::from(r.header.table));
-            table == rule.table
-                && r.attributes.contains(&RuleAttribute::FwMark(rule.mark))
-                && rule.mask.is_none_or(|mask| r.attributes.contains(&RuleAttribute::FwMask(mask)))
-        })
-        .collect())
+    // Filtered as the dump streams in: only the matching rules are held, however many the netns has.
+    let matches = |r: &RuleMessage| {
+        let table = r
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RuleAttribute::Table(t) => Some(*t),
+                _ => None,
+            })
+            .unwrap_or(u32::from(r.header.table));
+        table == rule.table
+            && r.attributes.contains(&RuleAttribute::FwMark(rule.mark))
+            && rule.mask.is_none_or(|mask| r.attributes.contains(&RuleAttribute::FwMask(mask)))
+    };
+    handle.rule().get(version).execute().try_filter(|r| std::future::ready(matches(r))).try_collect().await
 }
 
 /// `ip route add local default dev lo table <table>` for `family`; an existing route is fine.
@@ -307,32 +305,37 @@ pub(crate) fn read_fwmark(rule: FwmarkRule, families: &[Family]) -> Result<Vec<F
                     FwmarkRule { mask, priority, ..rule }
                 })
                 .collect();
-            let routes = table_routes(&handle, family, rule.table).await.map_err(err(&route_text(rule)))?;
-            let local_default = routes.iter().any(is_local_default);
-            let other_routes = routes.iter().filter(|r| !is_local_default(r)).count();
+            let (local_default, other_routes) =
+                table_routes(&handle, family, rule.table).await.map_err(err(&route_text(rule)))?;
             found.push(FoundFwmark { family, rules, local_default, other_routes });
         }
         Ok(found)
     })
 }
 
-/// The routes of `table` in `family` (a dump, filtered here: without strict checking the kernel dumps them all).
-async fn table_routes(handle: &Handle, family: Family, table: u32) -> Result<Vec<RouteMessage>, rtnetlink::Error> {
+/// Whether `table` in `family` holds the local default route, and how many other routes it holds. Counted as the
+/// dump streams in (without strict checking the kernel dumps every table), so nothing of it is held.
+async fn table_routes(handle: &Handle, family: Family, table: u32) -> Result<(bool, usize), rtnetlink::Error> {
     let request = match family {
         Family::V4 => RouteMessageBuilder::<Ipv4Addr>::new().table_id(table).build(),
         Family::V6 => RouteMessageBuilder::<Ipv6Addr>::new().table_id(table).build(),
     };
-    let routes: Vec<RouteMessage> = handle.route().get(request).execute().try_collect().await?;
-    Ok(routes
-        .into_iter()
-        .filter(|r| {
-            let in_table = r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Table(t) => Some(*t),
-                _ => None,
-            });
-            in_table.unwrap_or(u32::from(r.header.table)) == table
-        })
-        .collect())
+    let in_table = |r: &RouteMessage| {
+        let id = r.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        });
+        id.unwrap_or(u32::from(r.header.table)) == table
+    };
+    let count = |(local_default, others): (bool, usize), r: RouteMessage| {
+        let counted = match (in_table(&r), is_local_default(&r)) {
+            (false, _) => (local_default, others),
+            (true, true) => (true, others),
+            (true, false) => (local_default, others + 1),
+        };
+        std::future::ready(Ok(counted))
+    };
+    handle.route().get(request).execute().try_fold((false, 0), count).await
 }
 
 /// `local default dev lo`, as [`local_default`] adds it.

@@ -36,6 +36,12 @@ pub enum MergeError {
         /// What failed.
         reason: String,
     },
+    /// Another scrape's fetch from the source did not end within [`FETCH_TIMEOUT`].
+    #[error("metrics of {addr}: another scrape was fetching them for longer than {FETCH_TIMEOUT:?}")]
+    Busy {
+        /// The source.
+        addr: SocketAddr,
+    },
     /// The source's text is not an OpenMetrics exposition this server can pass on.
     #[error("metrics of {addr} are malformed, line {line}: {reason}")]
     Malformed {
@@ -48,8 +54,40 @@ pub enum MergeError {
     },
 }
 
+/// A local process whose metrics `/metrics` appends, fetched by one scrape at a time: a flood of scrapes, or a
+/// slow source, holds one fetch's connection and buffers (at most [`MAX_BODY`] and its copies), not one per
+/// scrape.
+#[derive(Debug)]
+pub struct Source {
+    addr: SocketAddr,
+    fetching: tokio::sync::Mutex<()>,
+}
+
+impl Source {
+    /// The process serving `GET http://{addr}/metrics`.
+    pub fn new(addr: SocketAddr) -> Self {
+        Source { addr, fetching: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Fetches the source's metrics and appends them to `own` (see [`append`]). Waits at most [`FETCH_TIMEOUT`]
+    /// for another scrape's fetch to end.
+    pub async fn append_to(&self, own: &mut String) -> Result<Vec<String>, MergeError> {
+        let addr = self.addr;
+        let _turn =
+            tokio::time::timeout(FETCH_TIMEOUT, self.fetching.lock()).await.map_err(|_| MergeError::Busy { addr })?;
+        let text = fetch(addr).await?;
+        append(own, &text, addr)
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
 /// Fetches `GET /metrics` from `addr`, bounded in time ([`FETCH_TIMEOUT`]) and size ([`MAX_BODY`]).
-pub async fn fetch(addr: SocketAddr) -> Result<String, MergeError> {
+async fn fetch(addr: SocketAddr) -> Result<String, MergeError> {
     let failed = |reason: String| MergeError::Fetch { addr, reason };
     tokio::time::timeout(FETCH_TIMEOUT, exchange(addr))
         .await
@@ -76,7 +114,7 @@ async fn exchange(addr: SocketAddr) -> Result<String, String> {
             .await
             .map_err(|e| format!("body (at most {MAX_BODY} bytes): {e}"))?
             .to_bytes();
-        String::from_utf8(body.to_vec()).map_err(|_| "body is not UTF-8".to_owned())
+        String::from_utf8(Vec::from(body)).map_err(|_| "body is not UTF-8".to_owned())
         // The sender goes here, so the connection below ends once the answer is read.
     };
     // The connection is driven here, not on a task of its own, so nothing of it outlives the fetch: the caller's
@@ -93,7 +131,7 @@ const TYPES: [&str; 8] = ["counter", "gauge", "histogram", "gaugehistogram", "st
 /// Appends the families of `source` (an OpenMetrics exposition fetched from `addr`) to `own` (ours, as
 /// `prometheus_client` encodes it, ending with `# EOF`), leaving out families `own` already has: a name exported
 /// twice would make Prometheus reject the scrape. Returns the names left out. On error `own` is unchanged.
-pub fn append(own: &mut String, source: &str, addr: SocketAddr) -> Result<Vec<String>, MergeError> {
+fn append(own: &mut String, source: &str, addr: SocketAddr) -> Result<Vec<String>, MergeError> {
     let ours: HashSet<&str> = own.lines().filter_map(|l| descriptor(l).map(|(name, _)| name)).collect();
     let mut kept = String::new();
     let mut skipped: Vec<String> = Vec::new();

@@ -94,10 +94,7 @@ async fn metrics(state: &ProbeState) -> Response<Body> {
         return reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, "encoding metrics failed\n");
     }
     if let Some(source) = state.appended_metrics_source() {
-        let appended = match merge::fetch(source).await {
-            Ok(text) => merge::append(&mut body, &text, source),
-            Err(error) => Err(error),
-        };
+        let appended = source.append_to(&mut body).await;
         // Every scrape tries again; a source that is down or broken costs a warning per interval, and its metrics.
         static FAILED: Mutex<Throttle> = Mutex::new(Throttle::new());
         static SKIPPED: Mutex<Throttle> = Mutex::new(Throttle::new());

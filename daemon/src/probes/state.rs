@@ -23,7 +23,7 @@ struct Inner {
     blockers: Mutex<Vec<Entry>>,
     registry: Arc<Mutex<Registry>>,
     /// A local process whose metrics `/metrics` appends to the registry's (see [`super::merge`]).
-    appended: OnceLock<SocketAddr>,
+    appended: OnceLock<super::merge::Source>,
 }
 
 #[derive(Debug)]
@@ -79,12 +79,12 @@ impl ProbeState {
     /// have), so one scraped port carries a second process's too. Set once; a second call changes nothing and
     /// returns false.
     pub fn append_metrics_from(&self, addr: SocketAddr) -> bool {
-        self.inner.appended.set(addr).is_ok()
+        self.inner.appended.set(super::merge::Source::new(addr)).is_ok()
     }
 
     /// The process whose metrics `/metrics` appends, if any.
-    pub fn appended_metrics_source(&self) -> Option<SocketAddr> {
-        self.inner.appended.get().copied()
+    pub fn appended_metrics_source(&self) -> Option<&super::merge::Source> {
+        self.inner.appended.get()
     }
 
     fn blockers(&self) -> MutexGuard<'_, Vec<Entry>> {
