@@ -1,0 +1,544 @@
+//! Our chart on a real node (issue #28): a real kube-apiserver (Node and RBAC authorization, NodeRestriction,
+//! service-account token signing), a real kubelet and containerd 1.6 with its CRI calling the CNI reference plugins
+//! and then our plugin, as `scripts/cluster.sh up` runs them. Everything is done as a user does it: `helm install`
+//! of the chart with Istio's ambient profile, `kubectl` for pods and namespaces, the node's own files for what
+//! install-cni wrote, `crictl` for the runtime's view, and the pods' network namespaces for their rules.
+//!
+//! Each test skips when no real node runs (see [`testbed::real_node`]); `scripts/test.sh` brings one up and sets
+//! `REAL_NODE_REQUIRED=1`, so there a missing node fails. The tests share one node, so they take turns
+//! ([`LOCK`]); each starts from "our chart installed" and puts it back when it changed it.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use istio_contract::names;
+use serde_json::Value;
+use testbed::real_node::{RealNode, APP_IMAGE, NODE_NAME, RELEASE_NAMESPACE};
+
+/// One test at a time on the one node.
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// The host's primary conflist, as `scripts/cluster.sh` writes it (bridge + host-local, then portmap).
+const PRIMARY_CONFLIST: &str = "/etc/cni/net.d/10-bridge.conflist";
+/// Where install-cni puts the plugin.
+const PLUGIN_BINARY: &str = "/opt/cni/bin/istio-cni";
+/// The plugin's kubeconfig, written by install-cni into its run dir.
+const PLUGIN_KUBECONFIG: &str = "/var/run/istio-cni/istio-cni-kubeconfig";
+
+/// The node with our chart installed, or `None` when no real node runs.
+fn node() -> Option<(std::sync::MutexGuard<'static, ()>, RealNode)> {
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let node = RealNode::connect()?;
+    if !node.installed() {
+        node.helm_install(&[]);
+    }
+    Some((guard, node))
+}
+
+/// A Deployment of `replicas` app pods labelled `app=NAME` in `ns`, each an echo server on 8080 that answers
+/// one line with `pong from <pod>` and logs what it read.
+fn echo_deployment(node: &RealNode, ns: &str, name: &str, replicas: u32) {
+    node.apply(&format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: app
+        image: {APP_IMAGE}
+        imagePullPolicy: Never
+        env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
+        command: ["nc", "-ll", "-p", "8080", "-e", "sh", "-c", "read l; echo \"got $l\" >&2; echo pong from $POD_NAME"]
+        readinessProbe: {{exec: {{command: ["sh", "-c", "netstat -ltn | grep -q ':8080 '"]}}, periodSeconds: 1}}
+"#
+    ));
+}
+
+/// Waits for `count` Ready pods labelled `app=NAME` in `ns`: their names and IPs.
+#[track_caller]
+fn ready_pods(node: &RealNode, ns: &str, app: &str, count: usize) -> Vec<(String, String)> {
+    node.eventually_or(
+        &format!("{count} ready pods app={app} in {ns}"),
+        || {
+            let pods: Vec<(String, String)> = node
+                .pods(ns, &format!("app={app}"))
+                .into_iter()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .filter(|p| {
+                    p["status"]["conditions"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+                })
+                .filter_map(|p| {
+                    Some((p["metadata"]["name"].as_str()?.to_string(), p["status"]["podIP"].as_str()?.to_string()))
+                })
+                .collect();
+            (pods.len() == count).then_some(pods)
+        },
+        || node.describe_namespace(ns),
+    )
+}
+
+/// The in-pod rules of pod `ns/name`, as the iptables tools and nft see them (whichever backend wrote them).
+fn pod_rules(node: &RealNode, ns: &str, name: &str) -> String {
+    let mut all = String::new();
+    for (program, args) in [
+        ("iptables-nft-save", &[][..]),
+        ("iptables-legacy-save", &[][..]),
+        ("nft", &["list", "ruleset"][..]),
+    ] {
+        if let Some(out) = node.in_pod_netns(ns, name, program, args) {
+            all.push_str(&out);
+        }
+    }
+    all
+}
+
+/// Whether `rules` hold Istio's in-pod redirection (the iptables chain names or the nftables tables).
+fn has_istio_rules(rules: &str) -> bool {
+    rules.contains("ISTIO_OUTPUT") || rules.contains("ISTIO_PRERT") || rules.contains("istio-proxy-nat")
+}
+
+/// `echo ping | nc IP 8080` from pod `ns/from`: the answer line.
+fn ask(node: &RealNode, ns: &str, from: &str, ip: &str) -> (bool, String) {
+    node.exec(ns, from, "app", &["sh", "-c", &format!("echo ping | timeout 10 nc {ip} 8080")])
+}
+
+/// A metric's value summed over its series in a Prometheus text page, for series whose labels hold every
+/// `labels` pair.
+fn metric_sum(page: &str, name: &str, labels: &[&str]) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| {
+            let rest = &l[name.len()..];
+            (rest.starts_with('{') || rest.starts_with(' ')) && labels.iter().all(|p| l.contains(p))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `GET http://POD_IP:PORT/metrics` of a pod of the release, fetched from the node's netns as Prometheus would
+/// scrape it.
+fn scrape(node: &RealNode, pod: &str, port: u16) -> String {
+    let pod = node.pod(RELEASE_NAMESPACE, pod).expect("the pod exists");
+    let ip = pod["status"]["podIP"].as_str().expect("the pod has an IP").to_string();
+    let out = node.in_node("curl", &["-sf", "--max-time", "5", &format!("http://{ip}:{port}/metrics")]);
+    assert!(out.status.success(), "scrape {ip}:{port}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn install_chains_into_the_real_conflist_and_its_kubeconfig_authenticates() {
+    let Some((_guard, node)) = node() else { return };
+    for ds in ["istio-cni-node", "hbone-proxy"] {
+        let d = node.get_json(&["daemonset", ds, "-n", RELEASE_NAMESPACE]).expect("the DaemonSet exists");
+        assert_eq!(d["status"]["numberReady"], 1, "{ds}: {}", d["status"]);
+    }
+    // install-cni chained the plugin into the primary's conflist, last, keeping the primary's plugins.
+    let conflist: Value = serde_json::from_str(&std::fs::read_to_string(PRIMARY_CONFLIST).unwrap()).unwrap();
+    let types: Vec<&str> = conflist["plugins"].as_array().unwrap().iter().filter_map(|p| p["type"].as_str()).collect();
+    assert_eq!(types, ["bridge", "portmap", "istio-cni"], "{conflist}");
+    assert!(std::path::Path::new(PLUGIN_BINARY).exists());
+    // The kubeconfig it wrote carries the pod's projected token: the real API server authenticates it as the
+    // chart's service account, and the real RBAC lets it read pods.
+    let whoami = node.kubectl(&["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "whoami", "-o", "json"]);
+    assert!(whoami.contains("system:serviceaccount:istio-system:istio-cni"), "{whoami}");
+    let can = node.run("kubectl", &["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "can-i", "get", "pods", "-n", "default"]);
+    assert_eq!(String::from_utf8_lossy(&can.stdout).trim(), "yes");
+}
+
+/// The token in the plugin's kubeconfig.
+fn kubeconfig_token() -> Option<String> {
+    let text = std::fs::read_to_string(PLUGIN_KUBECONFIG).ok()?;
+    text.lines().find_map(|l| l.trim().strip_prefix("token:").map(|t| t.trim().trim_matches('"').to_string()))
+}
+
+/// The projected token the kubelet wrote for the istio-cni-node pod, read from the kubelet's volume dir.
+fn projected_token(node: &RealNode) -> Option<String> {
+    let pod = node.pod(RELEASE_NAMESPACE, &node.agent_pod())?;
+    let uid = pod["metadata"]["uid"].as_str()?;
+    let dir = std::path::Path::new("/var/lib/istio-cni-rs/real-node/kubelet/pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~projected");
+    let vol = std::fs::read_dir(&dir).ok()?.filter_map(Result::ok).find(|e| {
+        e.file_name().to_string_lossy().starts_with("kube-api-access-")
+    })?;
+    std::fs::read_to_string(vol.path().join("token")).ok()
+}
+
+#[test]
+fn the_plugin_kubeconfig_follows_the_projected_token_when_the_kubelet_rotates_it() {
+    let Some((_guard, node)) = node() else { return };
+    let before = node.eventually("the kubelet has written the pod's token", || projected_token(&node));
+    node.eventually("the kubeconfig holds the pod's token", || (kubeconfig_token()? == before).then_some(()));
+    // A restarted kubelet has no cached tokens: it asks TokenRequest for new ones and rewrites every projected
+    // volume, as it does when a token nears its expiry.
+    node.restart("kubelet");
+    let after = node.eventually("the kubelet rotated the pod's token", || {
+        projected_token(&node).filter(|t| *t != before)
+    });
+    node.eventually("install-cni rewrote the kubeconfig with the new token", || {
+        (kubeconfig_token()? == after).then_some(())
+    });
+    let whoami = node.kubectl(&["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "whoami", "-o", "json"]);
+    assert!(whoami.contains("system:serviceaccount:istio-system:istio-cni"), "{whoami}");
+    node.eventually(&format!("node {NODE_NAME} is Ready again"), || {
+        node.run("kubectl", &["wait", "--for=condition=Ready", &format!("node/{NODE_NAME}"), "--timeout=2s"])
+            .status
+            .success()
+            .then_some(())
+    });
+}
+
+/// A pod as Istio's injector writes it with istio-cni: the `sidecar.istio.io/status` annotation and `istio-proxy`
+/// as a native sidecar (uid 1337), here a stand-in listening on 15001 and 15006 that logs what reaches it. Its
+/// startup probe holds the app until the proxy listens, as `holdApplicationUntilProxyStarts` does. The app's
+/// first action is one connection to an address no pod has: only the redirect can answer it.
+fn sidecar_pod_yaml(ns: &str) -> String {
+    let listener = |port: u16| {
+        format!(
+            "nc -ll -p {port} -e sh -c 'read l; echo \"{port} got: $l\" >&2; echo answered-by-{port}' & "
+        )
+    };
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  namespace: {ns}
+  labels: {{app: web, security.istio.io/tlsMode: istio, service.istio.io/canonical-name: web}}
+  annotations:
+    sidecar.istio.io/status: '{{"initContainers":["istio-proxy"],"containers":null,"volumes":["istio-envoy","istio-data"],"imagePullSecrets":null,"revision":"default"}}'
+    kubectl.kubernetes.io/default-container: app
+    prometheus.io/port: "15020"
+spec:
+  terminationGracePeriodSeconds: 1
+  initContainers:
+  - name: istio-proxy
+    image: {APP_IMAGE}
+    imagePullPolicy: Never
+    restartPolicy: Always
+    args: ["proxy", "sidecar"]
+    command: ["sh", "-c", "{l1}{l2}wait"]
+    securityContext: {{runAsUser: 1337, runAsGroup: 1337, runAsNonRoot: true, allowPrivilegeEscalation: false}}
+    startupProbe:
+      exec: {{command: ["sh", "-c", "netstat -ltn | grep -q ':15001 ' && netstat -ltn | grep -q ':15006 '"]}}
+      periodSeconds: 1
+      failureThreshold: 60
+  containers:
+  - name: app
+    image: {APP_IMAGE}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo first-byte-from-app | timeout 10 nc 10.252.0.254 80 >&2; exec nc -ll -p 8080 -e echo app"]
+"#,
+        l1 = listener(15001),
+        l2 = listener(15006),
+    )
+}
+
+#[test]
+fn a_sidecar_pod_is_redirected_before_its_app_sends_a_byte() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-sidecar";
+    node.delete_namespace(ns);
+    node.namespace(ns, &[]);
+    node.apply(&sidecar_pod_yaml(ns));
+    let pod = node.wait_ready(ns, "web");
+    let ip = pod["status"]["podIP"].as_str().unwrap().to_string();
+    // The app's very first connection, to an address nobody has, was answered by the proxy's outbound port.
+    let app_log = node.kubectl(&["logs", "-n", ns, "web", "-c", "app"]);
+    assert!(app_log.contains("answered-by-15001"), "the app's first connection was not redirected: {app_log:?}");
+    let proxy_log = node.kubectl(&["logs", "-n", ns, "web", "-c", "istio-proxy"]);
+    assert!(proxy_log.contains("15001 got: first-byte-from-app"), "{proxy_log:?}");
+    // Inbound: a connection to the app's port from outside the pod lands on 15006.
+    let out = node.in_node("sh", &["-c", &format!("echo inbound-hello | timeout 10 nc {ip} 8080")]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "answered-by-15006");
+    node.eventually("the proxy logged the inbound bytes", || {
+        node.kubectl(&["logs", "-n", ns, "web", "-c", "istio-proxy"]).contains("15006 got: inbound-hello").then_some(())
+    });
+    let rules = pod_rules(&node, ns, "web");
+    assert!(rules.contains("ISTIO_INBOUND") || rules.contains("istio-proxy-nat"), "{rules}");
+    node.delete_namespace(ns);
+}
+
+/// Waits until every pod of `pods` carries the ambient annotation and in-pod rules.
+#[track_caller]
+fn assert_enrolled(node: &RealNode, ns: &str, pods: &[(String, String)]) {
+    for (name, _) in pods {
+        node.eventually_or(
+            &format!("{ns}/{name} is annotated {}: {}", names::AMBIENT_REDIRECTION, names::AMBIENT_REDIRECTION_ENABLED),
+            || {
+                let pod = node.pod(ns, name)?;
+                (pod["metadata"]["annotations"][names::AMBIENT_REDIRECTION] == names::AMBIENT_REDIRECTION_ENABLED).then_some(())
+            },
+            || format!("{:?}", node.pod(ns, name)),
+        );
+        let rules = pod_rules(node, ns, name);
+        assert!(has_istio_rules(&rules), "{ns}/{name} has no in-pod rules:\n{rules}");
+    }
+}
+
+/// Waits until no pod of `pods` carries the annotation or in-pod rules.
+#[track_caller]
+fn assert_not_enrolled(node: &RealNode, ns: &str, pods: &[(String, String)]) {
+    for (name, _) in pods {
+        node.eventually_or(
+            &format!("{ns}/{name} has neither the ambient annotation nor in-pod rules"),
+            || {
+                let pod = node.pod(ns, name)?;
+                let annotated = !pod["metadata"]["annotations"][names::AMBIENT_REDIRECTION].is_null();
+                (!annotated && !has_istio_rules(&pod_rules(node, ns, name))).then_some(())
+            },
+            || pod_rules(node, ns, name),
+        );
+    }
+}
+
+/// The hbone-proxy's count of HBONE connections it accepted with mTLS (the inbound side of pod-to-pod traffic).
+fn hbone_connections(node: &RealNode) -> f64 {
+    let page = scrape(node, &node.proxy_pod(), 15020);
+    metric_sum(&page, "istio_tcp_connections_opened_total", &["connection_security_policy=\"mutual_tls\""])
+}
+
+/// Two app pods of an ambient namespace exchange a line both ways and back.
+#[track_caller]
+fn assert_talk(node: &RealNode, ns: &str, pods: &[(String, String)]) {
+    let (a, b) = (&pods[0], &pods[1]);
+    for (from, to) in [(a, b), (b, a)] {
+        let (ok, answer) = ask(node, ns, &from.0, &to.1);
+        assert!(ok && answer.contains(&format!("pong from {}", to.0)), "{} -> {}: {answer}", from.0, to.0);
+    }
+}
+
+#[test]
+fn ambient_pods_are_enrolled_by_the_real_cni_call_and_talk_over_hbone() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-ambient";
+    node.delete_namespace(ns);
+    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
+    echo_deployment(&node, ns, "echo", 2);
+    let pods = ready_pods(&node, ns, "echo", 2);
+    assert_enrolled(&node, ns, &pods);
+    // The annotation was written by the node agent with the chart's service account, through the real RBAC.
+    let pod = node.pod(ns, &pods[0].0).unwrap();
+    let managers: BTreeSet<String> = pod["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["manager"].as_str().map(str::to_string))
+        .collect();
+    assert!(managers.iter().any(|m| m.contains("node-agent")), "managers: {managers:?}");
+
+    // Same node, fast path on (the chart's default): the pods talk; the proxy carried them.
+    assert_talk(&node, ns, &pods);
+
+    // Fast path off: the same pods, now over HBONE with mTLS through the proxy's 15008.
+    node.helm_install(&["proxy.sameNodeFastPath=false"]);
+    let before = hbone_connections(&node);
+    node.eventually("the pods talk again after the proxy restarted", || {
+        let (ok, answer) = ask(&node, ns, &pods[0].0, &pods[1].1);
+        (ok && answer.contains("pong from")).then_some(())
+    });
+    assert_talk(&node, ns, &pods);
+    let after = hbone_connections(&node);
+    assert!(after >= before + 2.0, "HBONE mTLS connections {before} -> {after}");
+    node.helm_install(&[]);
+    node.delete_namespace(ns);
+}
+
+/// Open file descriptors of processes named `comm` that point at network namespaces.
+fn netns_handles(comm: &str) -> usize {
+    let mut n = 0;
+    for proc in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let Ok(name) = std::fs::read_to_string(proc.path().join("comm")) else { continue };
+        if name.trim() != comm {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(proc.path().join("fd")) else { continue };
+        n += fds
+            .filter_map(Result::ok)
+            .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().starts_with("net:")))
+            .count();
+    }
+    n
+}
+
+#[test]
+fn a_pod_deleted_by_the_kubelet_leaves_nothing_behind() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-delete";
+    node.delete_namespace(ns);
+    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
+    let handles_before = netns_handles("hbone-proxy");
+    echo_deployment(&node, ns, "gone", 1);
+    let pods = ready_pods(&node, ns, "gone", 1);
+    assert_enrolled(&node, ns, &pods);
+    let (name, ip) = pods[0].clone();
+    let agent = node.agent_pod();
+    let probe_set = || {
+        String::from_utf8_lossy(&node.in_node("nft", &["list", "ruleset"]).stdout).into_owned()
+            + &String::from_utf8_lossy(&node.in_node("ipset", &["list"]).stdout)
+    };
+    assert!(netns_handles("hbone-proxy") > handles_before, "the proxy holds the pod's netns");
+    node.kubectl(&["scale", "deployment/gone", "-n", ns, "--replicas=0"]);
+    node.eventually("the pod is gone from the API", || node.pod(ns, &name).is_none().then_some(()));
+    node.eventually_or(
+        "the proxy let go of the pod's netns and the host forgot its IP",
+        || (netns_handles("hbone-proxy") <= handles_before && !probe_set().contains(&ip)).then_some(()),
+        || format!("handles {} (before {handles_before})\n{}", netns_handles("hbone-proxy"), probe_set()),
+    );
+    let (_, explain) = node.exec(RELEASE_NAMESPACE, &agent, "node-agent", &["node-agent", "explain", "--all"]);
+    assert!(!explain.contains(&name), "explain still lists {name}: {explain}");
+    // The runtime's netns handle is gone with the sandbox.
+    assert!(node.sandbox_id(ns, &name).is_none());
+    node.delete_namespace(ns);
+}
+
+#[test]
+fn labelling_a_running_namespace_enrolls_its_pods_without_a_restart_and_unlabelling_removes_them() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-label";
+    node.delete_namespace(ns);
+    node.namespace(ns, &[]);
+    echo_deployment(&node, ns, "late", 2);
+    let pods = ready_pods(&node, ns, "late", 2);
+    assert_not_enrolled(&node, ns, &pods);
+    let sandboxes: Vec<Option<String>> = pods.iter().map(|(n, _)| node.sandbox_id(ns, n)).collect();
+    node.kubectl(&["label", "namespace", ns, "istio.io/dataplane-mode=ambient"]);
+    assert_enrolled(&node, ns, &pods);
+    assert_talk(&node, ns, &pods);
+    node.kubectl(&["label", "namespace", ns, "istio.io/dataplane-mode-"]);
+    assert_not_enrolled(&node, ns, &pods);
+    assert_talk(&node, ns, &pods);
+    // Same sandboxes all along: nothing restarted.
+    let after: Vec<Option<String>> = pods.iter().map(|(n, _)| node.sandbox_id(ns, n)).collect();
+    assert_eq!(sandboxes, after);
+    node.delete_namespace(ns);
+}
+
+#[test]
+fn after_the_agent_kubelet_and_containerd_restart_every_pod_is_reconciled() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-faults";
+    node.delete_namespace(ns);
+    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
+    echo_deployment(&node, ns, "steady", 2);
+    let pods = ready_pods(&node, ns, "steady", 2);
+    assert_enrolled(&node, ns, &pods);
+    // Kill the node agent's container: the kubelet restarts it, and it restores its pods from the node.
+    let agent = node.agent_pod();
+    let restarts = |node: &RealNode| -> u64 {
+        node.pod(RELEASE_NAMESPACE, &agent)
+            .and_then(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["name"] == "node-agent")
+                    .and_then(|c| c["restartCount"].as_u64())
+            })
+            .unwrap_or(0)
+    };
+    let before = restarts(&node);
+    let id = node.ok("crictl", &["ps", "--name", "^node-agent$", "-q"]);
+    node.ok("crictl", &["stop", "--timeout", "0", id.trim()]);
+    node.eventually("the node agent's container was restarted", || (restarts(&node) > before).then_some(()));
+    node.wait_rollout("istio-cni-node");
+    node.restart("kubelet");
+    node.restart("containerd");
+    node.wait_rollout("istio-cni-node");
+    node.wait_rollout("hbone-proxy");
+    let pods = ready_pods(&node, ns, "steady", 2);
+    assert_enrolled(&node, ns, &pods);
+    assert_talk(&node, ns, &pods);
+    // A pod created after the faults is enrolled too.
+    node.kubectl(&["scale", "deployment/steady", "-n", ns, "--replicas=3"]);
+    let pods = ready_pods(&node, ns, "steady", 3);
+    assert_enrolled(&node, ns, &pods);
+    node.delete_namespace(ns);
+}
+
+#[test]
+fn a_pod_created_during_a_rollout_is_redirected_or_fails_closed() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-rollout";
+    node.delete_namespace(ns);
+    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
+    echo_deployment(&node, ns, "churn", 1);
+    ready_pods(&node, ns, "churn", 1);
+    node.kubectl(&["rollout", "restart", "daemonset/istio-cni-node", "-n", RELEASE_NAMESPACE]);
+    // Pods created while the agent is replaced: each ends up Running with its rules, or never starts unredirected.
+    node.kubectl(&["scale", "deployment/churn", "-n", ns, "--replicas=3"]);
+    node.wait_rollout("istio-cni-node");
+    let pods = ready_pods(&node, ns, "churn", 3);
+    assert_enrolled(&node, ns, &pods);
+    // Every container that ever ran in the namespace ran in a redirected pod: a pod whose ADD failed closed never
+    // ran its app (its sandbox was torn down and retried), so any Running pod must hold rules.
+    for p in node.pods(ns, "app=churn") {
+        let name = p["metadata"]["name"].as_str().unwrap();
+        if p["status"]["phase"] == "Running" {
+            assert!(has_istio_rules(&pod_rules(&node, ns, name)), "{name} runs without rules");
+        }
+    }
+    node.delete_namespace(ns);
+}
+
+#[test]
+fn explain_events_and_every_annotated_metrics_port_are_seen_from_outside() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-explain";
+    node.delete_namespace(ns);
+    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
+    echo_deployment(&node, ns, "seen", 1);
+    let pods = ready_pods(&node, ns, "seen", 1);
+    assert_enrolled(&node, ns, &pods);
+    let agent = node.agent_pod();
+    let (ok, text) = node.exec(
+        RELEASE_NAMESPACE,
+        &agent,
+        "node-agent",
+        &["node-agent", "explain", &format!("{ns}/{}", pods[0].0), "-o", "json"],
+    );
+    assert!(ok, "{text}");
+    let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(report.to_string().contains("enrolled") || report.to_string().contains("Enrolled"), "{report}");
+    // Our Events, through the API.
+    node.eventually("an Event about the pod from the node agent", || {
+        let events = node.get_json(&["events", "-n", ns])?;
+        events["items"]
+            .as_array()?
+            .iter()
+            .any(|e| e["involvedObject"]["name"] == pods[0].0.as_str() && e["source"]["component"].as_str().is_some_and(|c| c.contains("istio")))
+            .then_some(())
+    });
+    // Every metrics port the chart annotates answers a scrape.
+    for pod in node.pods(RELEASE_NAMESPACE, "app.kubernetes.io/instance=istio-cni") {
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        let Some(port) = pod["metadata"]["annotations"]["prometheus.io/port"].as_str() else { continue };
+        let page = scrape(&node, name, port.parse().unwrap());
+        assert!(page.contains("# TYPE"), "{name}:{port}: {page}");
+    }
+    node.delete_namespace(ns);
+}
+
+#[test]
+fn uninstall_leaves_the_hosts_bin_dir_and_conflist_as_before() {
+    let Some((_guard, node)) = node() else { return };
+    node.helm_uninstall();
+    // The conflist holds what scripts/cluster.sh wrote before the install (as JSON: key order may differ).
+    let read = |p: &std::path::Path| -> Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
+    let pristine = testbed::real_node::state_dir().join("pristine").join("10-bridge.conflist");
+    assert_eq!(read(PRIMARY_CONFLIST.as_ref()), read(&pristine));
+    assert!(!std::path::Path::new(PLUGIN_BINARY).exists());
+    let bins: BTreeSet<String> = std::fs::read_dir("/opt/cni/bin")
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert_eq!(bins, ["bridge", "host-local", "loopback", "portmap"].iter().map(|s| s.to_string()).collect());
+    node.helm_install(&[]);
+}
