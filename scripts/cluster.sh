@@ -6,9 +6,15 @@
 #   scripts/cluster.sh status    what runs
 #   scripts/cluster.sh env       shell exports for using the cluster (KUBECONFIG, PATH with kubectl and crictl)
 #   scripts/cluster.sh restart kubelet|containerd     stop one component and start it again (fault tests)
+#   scripts/cluster.sh images    rebuild the images (after a code change) and import them into the node
 #
-# What runs, all as plain root processes (PID 1 is not systemd), every one inside the network namespace
-# `istio-real-node` (so the node's bridge, routes, iptables and nftables rules live and die with it):
+# What runs, all as plain root processes (PID 1 is not systemd), every one inside the node's own namespaces: the
+# network namespace `istio-real-node` (so the node's bridge, routes, iptables and nftables rules live and die with
+# it), and a PID namespace whose PID 1 is the node's init (our pause program), with /proc mounted for it. A real
+# node's PID 1 sits in the node's network namespace, and Istio's node agent finds the host's network namespace as
+# /proc/1/ns/net (ours too, HOST_NETNS); this machine's own PID 1 holds capabilities root lacks, so even root gets
+# EACCES opening its /proc/1/ns/net. Killing the node's init ends every process of the node at once. Mounts are
+# shared with the host (`/` is made rshared), so the runtime's netns handles and volumes are visible from the host.
 #   etcd 3.6 · kube-apiserver (Node,RBAC authorization, NodeRestriction and the default admission, service-account
 #   token signing with TokenRequest and projected tokens) · kube-controller-manager · kube-scheduler ·
 #   kube-proxy (iptables) · containerd 1.6 from Debian with its CRI plugin and runc · kubelet.
@@ -50,14 +56,42 @@ bin_path() {
   export PATH
 }
 
-in_node() { nsenter --net="/run/netns/$NETNS" -- "$@"; }
+init_pid() { cat "$STATE/pids/init"; }
 
-# Starts NAME in the node's netns in its own session, output to $STATE/logs/NAME.log, pid in $STATE/pids/NAME.
+in_netns() { nsenter --net="/run/netns/$NETNS" -- "$@"; }
+
+# Runs a command in the node's network and mount namespaces (its /proc shows the node's processes).
+in_node() { nsenter --target "$(init_pid)" --net --mount -- "$@"; }
+
+# The node's init: PID 1 of the node's PID namespace, in its network namespace, with a /proc of its own.
+init_up() {
+  mkdir -p "$STATE/logs" "$STATE/pids"
+  gcc -static -O2 -o "$STATE/bin/node-init" scripts/real-node/pause.c
+  setsid nsenter --net="/run/netns/$NETNS" -- unshare --pid --fork --mount --propagation unchanged -- \
+    sh -c 'mount --make-private /proc && mount -t proc proc /proc && exec "$0"' "$STATE/bin/node-init" \
+    >>"$STATE/logs/init.log" 2>&1 </dev/null &
+  local unshare=$! i pid=
+  for i in $(seq 1 100); do
+    pid=$(pgrep -P "$unshare" 2>/dev/null | head -n1) && [ -n "$pid" ] &&
+      [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$STATE/bin/node-init" ] && break
+    pid=; sleep 0.05
+  done
+  [ -n "$pid" ] || die "the node's init did not start (log: $STATE/logs/init.log)"
+  echo "$pid" >"$STATE/pids/init"
+}
+
+# Starts NAME in the node's namespaces in its own session, output to $STATE/logs/NAME.log; its pid (as the host
+# sees it) in $STATE/pids/NAME.
 start() {
   local name=$1; shift
-  mkdir -p "$STATE/logs" "$STATE/pids"
-  setsid nsenter --net="/run/netns/$NETNS" -- "$@" >>"$STATE/logs/$name.log" 2>&1 </dev/null &
-  echo $! >"$STATE/pids/$name"
+  setsid nsenter --target "$(init_pid)" --net --mount --pid -- "$@" >>"$STATE/logs/$name.log" 2>&1 </dev/null &
+  local nsenter=$! i pid=
+  for i in $(seq 1 100); do
+    pid=$(pgrep -P "$nsenter" 2>/dev/null | head -n1) && [ -n "$pid" ] && break
+    pid=; sleep 0.02
+  done
+  [ -n "$pid" ] || die "$name did not start (log: $STATE/logs/$name.log)"
+  echo "$pid" >"$STATE/pids/$name"
 }
 
 running() { local p; p=$(cat "$STATE/pids/$1" 2>/dev/null) && kill -0 "$p" 2>/dev/null; }
@@ -149,11 +183,11 @@ network_up() {
   ip link set rn-node netns "$NETNS"
   ip addr add "$HOST_IP/24" dev rn-host
   ip link set rn-host up
-  in_node ip link set lo up
-  in_node ip addr add "$NODE_IP/24" dev rn-node
-  in_node ip link set rn-node up
-  in_node ip route add default via "$HOST_IP"
-  in_node sysctl -qw net.ipv4.ip_forward=1
+  in_netns ip link set lo up
+  in_netns ip addr add "$NODE_IP/24" dev rn-node
+  in_netns ip link set rn-node up
+  in_netns ip route add default via "$HOST_IP"
+  in_netns sysctl -qw net.ipv4.ip_forward=1
   # Pods on the node reach each other and Services through the node's netns; the host reaches the pod network.
   ip route add "$POD_CIDR" via "$NODE_IP"
 }
@@ -250,7 +284,7 @@ EOF
 
 images_import() {
   local dir="$CACHE/images" tar
-  scripts/real-node/images.sh "$dir" >&2
+  bash scripts/real-node/images.sh "$dir" >&2
   for tar in "$dir"/*.tar; do
     ctr --address "$CONTAINERD_SOCK" -n k8s.io images import --all-platforms "$tar" >/dev/null
   done
@@ -268,12 +302,15 @@ up() {
   # The node's tools in one place for tests and users (scripts/cluster.sh env puts it on PATH).
   local tool
   for tool in kubectl crictl kube-apiserver etcd; do ln -s "$(command -v "$tool")" "$STATE/bin/$tool"; done
+  printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 20\n' "$CONTAINERD_SOCK" "$CONTAINERD_SOCK" \
+    >"$STATE/crictl.yaml"
   # Mount propagation: the chart mounts the runtime's netns dir with HostToContainer, which needs a shared (or
   # slave) mount at /. Remember the old propagation to put it back on `down`.
   findmnt -no PROPAGATION / >"$STATE/root-propagation"
   mount --make-rshared /
   log "pki and kubeconfigs"; pki
   log "network namespace $NETNS ($NODE_IP)"; network_up
+  log "the node's init (PID 1 of the node)"; init_up
   log "CNI: $CNI_CONF/$PRIMARY_CONF (bridge cni0 + host-local $POD_CIDR)"; cni_up
 
   log "etcd"
@@ -342,15 +379,21 @@ down() {
   bin_path
   if running kubelet; then stop kubelet; fi
   if running containerd && command -v crictl >/dev/null; then
-    local cri=(crictl --runtime-endpoint "unix://$CONTAINERD_SOCK" --timeout 20s)
+    local cri=(crictl --config "$STATE/crictl.yaml")
     "${cri[@]}" stop $("${cri[@]}" ps -q 2>/dev/null) >/dev/null 2>&1 || true
     local sb
     for sb in $("${cri[@]}" pods -q 2>/dev/null); do "${cri[@]}" stopp "$sb" >/dev/null 2>&1 || true; "${cri[@]}" rmp -f "$sb" >/dev/null 2>&1 || true; done
   fi
   local c
   for c in kube-proxy kube-scheduler kube-controller-manager containerd kube-apiserver etcd; do stop "$c"; done
-  # containerd's shims (one per pod) outlive containerd by design; the pods' processes die with their shims.
-  pkill -KILL -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" 2>/dev/null || true
+  # containerd's shims (one per pod) outlive containerd by design: the end of the node's init ends them, and
+  # every other process left in the node's PID namespace.
+  if [ -f "$STATE/pids/init" ]; then
+    local init; init=$(init_pid)
+    kill -TERM "$init" 2>/dev/null || true
+    for c in $(seq 1 100); do kill -0 "$init" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$STATE/pids/init"
+  fi
   local m
   for m in $(awk -v d="$DATA" -v s="$STATE" '$5 ~ "^"d || $5 ~ "^"s {print $5}' /proc/self/mountinfo | sort -r); do
     umount -l "$m" 2>/dev/null || true
@@ -405,10 +448,11 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   restart) shift; restart "$@" ;;
+  images) bin_path; images_import ;;
   env)
     bin_path
     echo "export KUBECONFIG=$STATE/admin.kubeconfig"
-    echo "export CONTAINER_RUNTIME_ENDPOINT=unix://$CONTAINERD_SOCK"
+    echo "export CRI_CONFIG_FILE=$STATE/crictl.yaml"
     echo "export PATH=$STATE/bin:\$PATH" ;;
   *) echo "usage: $0 up|down|status|env|restart kubelet|containerd" >&2; exit 2 ;;
 esac

@@ -88,11 +88,9 @@ fn ready_pods(node: &RealNode, ns: &str, app: &str, count: usize) -> Vec<(String
 /// The in-pod rules of pod `ns/name`, as the iptables tools and nft see them (whichever backend wrote them).
 fn pod_rules(node: &RealNode, ns: &str, name: &str) -> String {
     let mut all = String::new();
-    for (program, args) in [
-        ("iptables-nft-save", &[][..]),
-        ("iptables-legacy-save", &[][..]),
-        ("nft", &["list", "ruleset"][..]),
-    ] {
+    for (program, args) in
+        [("iptables-nft-save", &[][..]), ("iptables-legacy-save", &[][..]), ("nft", &["list", "ruleset"][..])]
+    {
         if let Some(out) = node.in_pod_netns(ns, name, program, args) {
             all.push_str(&out);
         }
@@ -149,7 +147,8 @@ fn install_chains_into_the_real_conflist_and_its_kubeconfig_authenticates() {
     // chart's service account, and the real RBAC lets it read pods.
     let whoami = node.kubectl(&["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "whoami", "-o", "json"]);
     assert!(whoami.contains("system:serviceaccount:istio-system:istio-cni"), "{whoami}");
-    let can = node.run("kubectl", &["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "can-i", "get", "pods", "-n", "default"]);
+    let can =
+        node.run("kubectl", &["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "can-i", "get", "pods", "-n", "default"]);
     assert_eq!(String::from_utf8_lossy(&can.stdout).trim(), "yes");
 }
 
@@ -166,9 +165,10 @@ fn projected_token(node: &RealNode) -> Option<String> {
     let dir = std::path::Path::new("/var/lib/istio-cni-rs/real-node/kubelet/pods")
         .join(uid)
         .join("volumes/kubernetes.io~projected");
-    let vol = std::fs::read_dir(&dir).ok()?.filter_map(Result::ok).find(|e| {
-        e.file_name().to_string_lossy().starts_with("kube-api-access-")
-    })?;
+    let vol = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().starts_with("kube-api-access-"))?;
     std::fs::read_to_string(vol.path().join("token")).ok()
 }
 
@@ -180,9 +180,8 @@ fn the_plugin_kubeconfig_follows_the_projected_token_when_the_kubelet_rotates_it
     // A restarted kubelet has no cached tokens: it asks TokenRequest for new ones and rewrites every projected
     // volume, as it does when a token nears its expiry.
     node.restart("kubelet");
-    let after = node.eventually("the kubelet rotated the pod's token", || {
-        projected_token(&node).filter(|t| *t != before)
-    });
+    let after =
+        node.eventually("the kubelet rotated the pod's token", || projected_token(&node).filter(|t| *t != before));
     node.eventually("install-cni rewrote the kubeconfig with the new token", || {
         (kubeconfig_token()? == after).then_some(())
     });
@@ -202,9 +201,7 @@ fn the_plugin_kubeconfig_follows_the_projected_token_when_the_kubelet_rotates_it
 /// first action is one connection to an address no pod has: only the redirect can answer it.
 fn sidecar_pod_yaml(ns: &str) -> String {
     let listener = |port: u16| {
-        format!(
-            "nc -ll -p {port} -e sh -c 'read l; echo \"{port} got: $l\" >&2; echo answered-by-{port}' & "
-        )
+        format!("nc -ll -p {port} -e sh -c 'read l; echo \"{port} got: $l\" >&2; echo answered-by-{port}' & ")
     };
     format!(
         r#"apiVersion: v1
@@ -275,7 +272,8 @@ fn assert_enrolled(node: &RealNode, ns: &str, pods: &[(String, String)]) {
             &format!("{ns}/{name} is annotated {}: {}", names::AMBIENT_REDIRECTION, names::AMBIENT_REDIRECTION_ENABLED),
             || {
                 let pod = node.pod(ns, name)?;
-                (pod["metadata"]["annotations"][names::AMBIENT_REDIRECTION] == names::AMBIENT_REDIRECTION_ENABLED).then_some(())
+                (pod["metadata"]["annotations"][names::AMBIENT_REDIRECTION] == names::AMBIENT_REDIRECTION_ENABLED)
+                    .then_some(())
             },
             || format!("{:?}", node.pod(ns, name)),
         );
@@ -513,7 +511,10 @@ fn explain_events_and_every_annotated_metrics_port_are_seen_from_outside() {
         events["items"]
             .as_array()?
             .iter()
-            .any(|e| e["involvedObject"]["name"] == pods[0].0.as_str() && e["source"]["component"].as_str().is_some_and(|c| c.contains("istio")))
+            .any(|e| {
+                e["involvedObject"]["name"] == pods[0].0.as_str()
+                    && e["source"]["component"].as_str().is_some_and(|c| c.contains("istio"))
+            })
             .then_some(())
     });
     // Every metrics port the chart annotates answers a scrape.

@@ -93,7 +93,7 @@ impl RealNode {
         let path = std::env::var("PATH").unwrap_or_default();
         cmd.env("PATH", format!("{}:{path}", self.state.join("bin").display()))
             .env("KUBECONFIG", self.kubeconfig())
-            .env("CONTAINER_RUNTIME_ENDPOINT", format!("unix://{}", self.state.join("containerd/containerd.sock").display()))
+            .env("CRI_CONFIG_FILE", self.state.join("crictl.yaml"))
             .stdin(Stdio::null());
         cmd
     }
@@ -256,7 +256,8 @@ impl RealNode {
     pub fn namespace(&self, name: &str, labels: &[(&str, &str)]) {
         let labels: serde_json::Map<String, Value> =
             labels.iter().map(|(k, v)| (k.to_string(), Value::from(*v))).collect();
-        let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}});
+        let ns =
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}});
         self.apply(&ns.to_string());
     }
 
@@ -339,15 +340,33 @@ impl RealNode {
 
     /// The id of pod `ns/name`'s ready sandbox in containerd.
     pub fn sandbox_id(&self, ns: &str, name: &str) -> Option<String> {
-        let out = self.run("crictl", &["pods", "--namespace", ns, "--name", &format!("^{name}$"), "--state", "ready", "-q"]);
+        let out =
+            self.run("crictl", &["pods", "--namespace", ns, "--name", &format!("^{name}$"), "--state", "ready", "-q"]);
         String::from_utf8_lossy(&out.stdout).lines().next().map(str::to_string)
     }
 
-    /// Runs `program args` inside pod `ns/name`'s network namespace (entered through its sandbox's pid): its
-    /// stdout, or `None` when the pod has no running sandbox or the command fails.
+    /// The node's init as the host sees it: PID 1 of the node's PID namespace, in the node's network namespace,
+    /// with the node's /proc in its mount namespace.
+    pub fn init_pid(&self) -> u32 {
+        let text = std::fs::read_to_string(self.state.join("pids/init")).expect("the node's init pid file");
+        text.trim().parse().expect("a pid")
+    }
+
+    /// `nsenter` into the node's network and mount namespaces (where /proc shows the node's pids).
+    fn node_nsenter(&self) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["--target", &self.init_pid().to_string(), "--net", "--mount", "--"]);
+        cmd
+    }
+
+    /// Runs `program args` inside pod `ns/name`'s network namespace (entered through its sandbox's pid, which
+    /// the runtime reports in the node's PID namespace): its stdout, or `None` when the pod has no running
+    /// sandbox or the command fails.
     pub fn in_pod_netns(&self, ns: &str, name: &str, program: &str, args: &[&str]) -> Option<String> {
         let pid = self.sandbox_pid(ns, name)?;
-        let out = Command::new("nsenter")
+        let out = self
+            .node_nsenter()
+            .arg("nsenter")
             .arg(format!("--net=/proc/{pid}/ns/net"))
             .arg("--")
             .arg(program)
@@ -359,13 +378,7 @@ impl RealNode {
 
     /// Runs `program args` in the node's network namespace: its output.
     pub fn in_node(&self, program: &str, args: &[&str]) -> Output {
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{NODE_NETNS}"))
-            .arg("--")
-            .arg(program)
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("nsenter {program}: {e}"))
+        self.node_nsenter().arg(program).args(args).output().unwrap_or_else(|e| panic!("nsenter {program}: {e}"))
     }
 
     /// `scripts/cluster.sh restart COMPONENT` (kubelet or containerd).

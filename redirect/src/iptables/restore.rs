@@ -16,14 +16,24 @@ pub(crate) struct XtablesLock {
 }
 
 impl XtablesLock {
-    /// Creates the lock directory under /run (or /tmp, or the temp dir).
+    /// Creates the lock directory in the first writable one of /run, /tmp, /dev/shm and the temp dir. A container
+    /// with a read-only root file system and a FROM scratch image (the chart's node agent) has neither /run nor
+    /// /tmp, but the runtime always gives it a writable /dev/shm.
     pub(crate) fn new() -> Result<Self, IptablesError> {
-        let base: PathBuf =
-            ["/run", "/tmp"].iter().map(PathBuf::from).find(|p| p.is_dir()).unwrap_or_else(std::env::temp_dir);
-        let dir = tempfile::Builder::new().prefix("istio-cni-xtables-").tempdir_in(&base).map_err(|source| {
-            IptablesError::Setup { what: format!("create lock dir in {}", base.display()), source }
-        })?;
-        Ok(Self { dir })
+        let mut bases: Vec<PathBuf> = ["/run", "/tmp", "/dev/shm"].iter().map(PathBuf::from).collect();
+        bases.push(std::env::temp_dir());
+        let mut tried = Vec::new();
+        for base in bases.iter().filter(|p| p.is_dir()) {
+            match tempfile::Builder::new().prefix("istio-cni-xtables-").tempdir_in(base) {
+                Ok(dir) => return Ok(Self { dir }),
+                Err(e) => tried.push(format!("{}: {e}", base.display())),
+            }
+        }
+        let what = format!(
+            "create lock dir (tried {})",
+            if tried.is_empty() { "no existing dir".into() } else { tried.join("; ") }
+        );
+        Err(IptablesError::Setup { what, source: std::io::Error::from(std::io::ErrorKind::NotFound) })
     }
 
     /// The lock file to hand to the binaries as `XTABLES_LOCKFILE`.
