@@ -190,6 +190,8 @@ network_up() {
   in_netns sysctl -qw net.ipv4.ip_forward=1
   # Pods on the node reach each other and Services through the node's netns; the host reaches the pod network.
   ip route add "$POD_CIDR" via "$NODE_IP"
+  # Service IPs too, so that nothing meant for the cluster ever leaves through the host's default route.
+  ip route add "$SERVICE_CIDR" via "$NODE_IP"
 }
 
 cni_up() {
@@ -405,6 +407,7 @@ down() {
     rm -f "$m"
   done
   ip route del "$POD_CIDR" 2>/dev/null || true
+  ip route del "$SERVICE_CIDR" 2>/dev/null || true
   ip link del rn-host 2>/dev/null || true
   [ -e "/run/netns/$NETNS" ] && ip netns del "$NETNS"
   rm -f "$CNI_CONF/$PRIMARY_CONF"

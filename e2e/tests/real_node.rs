@@ -145,11 +145,12 @@ fn install_chains_into_the_real_conflist_and_its_kubeconfig_authenticates() {
     assert!(std::path::Path::new(PLUGIN_BINARY).exists());
     // The kubeconfig it wrote carries the pod's projected token: the real API server authenticates it as the
     // chart's service account, and the real RBAC lets it read pods.
-    let whoami = node.kubectl(&["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "whoami", "-o", "json"]);
-    assert!(whoami.contains("system:serviceaccount:istio-system:istio-cni"), "{whoami}");
-    let can =
-        node.run("kubectl", &["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "can-i", "get", "pods", "-n", "default"]);
-    assert_eq!(String::from_utf8_lossy(&can.stdout).trim(), "yes");
+    // The plugin runs on the node, where the kubeconfig's server (the kubernetes Service's IP) is reachable.
+    let (ok, whoami) = node.kubectl_on_node(&["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "whoami", "-o", "json"]);
+    assert!(ok && whoami.contains("system:serviceaccount:istio-system:istio-cni"), "{whoami}");
+    let (_, can) =
+        node.kubectl_on_node(&["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "can-i", "get", "pods", "-n", "default"]);
+    assert_eq!(can.trim(), "yes");
 }
 
 /// The token in the plugin's kubeconfig.
@@ -185,8 +186,8 @@ fn the_plugin_kubeconfig_follows_the_projected_token_when_the_kubelet_rotates_it
     node.eventually("install-cni rewrote the kubeconfig with the new token", || {
         (kubeconfig_token()? == after).then_some(())
     });
-    let whoami = node.kubectl(&["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "whoami", "-o", "json"]);
-    assert!(whoami.contains("system:serviceaccount:istio-system:istio-cni"), "{whoami}");
+    let (ok, whoami) = node.kubectl_on_node(&["--kubeconfig", PLUGIN_KUBECONFIG, "auth", "whoami", "-o", "json"]);
+    assert!(ok && whoami.contains("system:serviceaccount:istio-system:istio-cni"), "{whoami}");
     node.eventually(&format!("node {NODE_NAME} is Ready again"), || {
         node.run("kubectl", &["wait", "--for=condition=Ready", &format!("node/{NODE_NAME}"), "--timeout=2s"])
             .status
@@ -203,40 +204,45 @@ fn sidecar_pod_yaml(ns: &str) -> String {
     let listener = |port: u16| {
         format!("nc -ll -p {port} -e sh -c 'read l; echo \"{port} got: $l\" >&2; echo answered-by-{port}' & ")
     };
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: web
-  namespace: {ns}
-  labels: {{app: web, security.istio.io/tlsMode: istio, service.istio.io/canonical-name: web}}
-  annotations:
-    sidecar.istio.io/status: '{{"initContainers":["istio-proxy"],"containers":null,"volumes":["istio-envoy","istio-data"],"imagePullSecrets":null,"revision":"default"}}'
-    kubectl.kubernetes.io/default-container: app
-    prometheus.io/port: "15020"
-spec:
-  terminationGracePeriodSeconds: 1
-  initContainers:
-  - name: istio-proxy
-    image: {APP_IMAGE}
-    imagePullPolicy: Never
-    restartPolicy: Always
-    args: ["proxy", "sidecar"]
-    command: ["sh", "-c", "{l1}{l2}wait"]
-    securityContext: {{runAsUser: 1337, runAsGroup: 1337, runAsNonRoot: true, allowPrivilegeEscalation: false}}
-    startupProbe:
-      exec: {{command: ["sh", "-c", "netstat -ltn | grep -q ':15001 ' && netstat -ltn | grep -q ':15006 '"]}}
-      periodSeconds: 1
-      failureThreshold: 60
-  containers:
-  - name: app
-    image: {APP_IMAGE}
-    imagePullPolicy: Never
-    command: ["sh", "-c", "echo first-byte-from-app | timeout 10 nc 10.252.0.254 80 >&2; exec nc -ll -p 8080 -e echo app"]
-"#,
-        l1 = listener(15001),
-        l2 = listener(15006),
-    )
+    let status = r#"{"initContainers":["istio-proxy"],"containers":null,"volumes":["istio-envoy","istio-data"],"imagePullSecrets":null,"revision":"default"}"#;
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "web",
+            "namespace": ns,
+            "labels": {"app": "web", "security.istio.io/tlsMode": "istio", "service.istio.io/canonical-name": "web"},
+            "annotations": {
+                names::SIDECAR_STATUS_ANNOTATION: status,
+                "kubectl.kubernetes.io/default-container": "app",
+                "prometheus.io/port": "15020",
+            },
+        },
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "initContainers": [{
+                "name": names::PROXY_CONTAINER,
+                "image": APP_IMAGE,
+                "imagePullPolicy": "Never",
+                "restartPolicy": "Always",
+                "args": ["proxy", "sidecar"],
+                "command": ["sh", "-c", format!("{}{}wait", listener(15001), listener(15006))],
+                "securityContext": {"runAsUser": 1337, "runAsGroup": 1337, "runAsNonRoot": true, "allowPrivilegeEscalation": false},
+                "startupProbe": {
+                    "exec": {"command": ["sh", "-c", "netstat -ltn | grep -q ':15001 ' && netstat -ltn | grep -q ':15006 '"]},
+                    "periodSeconds": 1,
+                    "failureThreshold": 60,
+                },
+            }],
+            "containers": [{
+                "name": "app",
+                "image": APP_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "echo first-byte-from-app | timeout 10 nc 10.252.0.254 80 >&2; exec nc -ll -p 8080 -e echo app"],
+            }],
+        },
+    })
+    .to_string()
 }
 
 #[test]
@@ -254,7 +260,7 @@ fn a_sidecar_pod_is_redirected_before_its_app_sends_a_byte() {
     let proxy_log = node.kubectl(&["logs", "-n", ns, "web", "-c", "istio-proxy"]);
     assert!(proxy_log.contains("15001 got: first-byte-from-app"), "{proxy_log:?}");
     // Inbound: a connection to the app's port from outside the pod lands on 15006.
-    let out = node.in_node("sh", &["-c", &format!("echo inbound-hello | timeout 10 nc {ip} 8080")]);
+    let out = node.in_node("sh", &["-c", &format!("echo inbound-hello | busybox timeout 10 busybox nc {ip} 8080")]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "answered-by-15006");
     node.eventually("the proxy logged the inbound bytes", || {
         node.kubectl(&["logs", "-n", ns, "web", "-c", "istio-proxy"]).contains("15006 got: inbound-hello").then_some(())

@@ -381,6 +381,15 @@ impl RealNode {
         self.node_nsenter().arg(program).args(args).output().unwrap_or_else(|e| panic!("nsenter {program}: {e}"))
     }
 
+    /// `kubectl args` run on the node (its network namespace: Service IPs work there, through kube-proxy), as a
+    /// process of the node would run it: whether it succeeded, and stdout + stderr.
+    pub fn kubectl_on_node(&self, args: &[&str]) -> (bool, String) {
+        let kubectl = self.state.join("bin/kubectl");
+        let out = self.in_node(&kubectl.to_string_lossy(), args);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+
     /// `scripts/cluster.sh restart COMPONENT` (kubelet or containerd).
     #[track_caller]
     pub fn restart(&self, component: &str) {
