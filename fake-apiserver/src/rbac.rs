@@ -208,7 +208,9 @@ pub(crate) fn authorize(store: &Store, user: &User, info: &RequestInfo) -> Resul
 fn forbidden(user: &User, info: &RequestInfo) -> ApiError {
     match info {
         RequestInfo::Resource { verb, group, resource, subresource, namespace, name } => {
-            let what = if name.is_empty() { resource.clone() } else { format!("{resource} \"{name}\"") };
+            // The real server names the resource with its group: `daemonsets.apps "x" is forbidden`.
+            let qualified = if group.is_empty() { resource.clone() } else { format!("{resource}.{group}") };
+            let what = if name.is_empty() { qualified } else { format!("{qualified} \"{name}\"") };
             let full = if subresource.is_empty() { resource.clone() } else { format!("{resource}/{subresource}") };
             let scope = if namespace.is_empty() {
                 "at the cluster scope".to_string()
@@ -220,11 +222,12 @@ fn forbidden(user: &User, info: &RequestInfo) -> ApiError {
                     "{what} is forbidden: User \"{}\" cannot {verb} resource \"{full}\" in API group \"{group}\" {scope}",
                     user.name
                 ),
-                Some(serde_json::json!({"name": name, "group": group, "kind": resource})),
+                Some(crate::status::details_of(name, group, resource)),
             )
         }
         RequestInfo::NonResource { verb, path } => {
-            ApiError::forbidden(format!("forbidden: User \"{}\" cannot {verb} path \"{path}\"", user.name), None)
+            let details = Some(serde_json::json!({}));
+            ApiError::forbidden(format!("forbidden: User \"{}\" cannot {verb} path \"{path}\"", user.name), details)
         }
     }
 }

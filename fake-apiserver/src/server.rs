@@ -2,7 +2,7 @@
 //! filter order: request log, injected faults, authentication (401), throttling (429), authorization (403),
 //! then the router. It also ends graceful deletions whose grace period is over.
 
-use crate::auth::User;
+use crate::auth::{Unauthenticated, User};
 use crate::cluster::{Cluster, Fault, RequestRecord};
 use crate::debug;
 use crate::query::Query;
@@ -58,10 +58,14 @@ async fn respond(cluster: Cluster, req: Request<Incoming>) -> Result<Response<Bo
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
         None => {}
     }
+    // As kube-apiserver with its default --anonymous-auth=true: a request without a token runs as
+    // system:anonymous (RBAC decides, 403), a token that does not authenticate gets 401.
     let user = match cluster.authenticate(authorization.as_deref()) {
         Ok(user) => user,
-        Err(_) if !cluster.config().authentication => User::anonymous(),
-        Err(_) => return Ok(answer("", routes::error_response(&ApiError::unauthorized()))),
+        Err(Unauthenticated::Invalid) if cluster.config().authentication => {
+            return Ok(answer("", routes::error_response(&ApiError::unauthorized())))
+        }
+        Err(_) => User::anonymous(),
     };
     if let Some(retry_after) = cluster.throttled() {
         let mut response = routes::error_response(&ApiError::too_many_requests(retry_after));

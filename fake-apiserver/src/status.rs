@@ -12,12 +12,19 @@ pub(crate) struct ApiError {
     details: Option<Value>,
 }
 
-fn details(kind: &ResourceKind, name: &str) -> Option<Value> {
-    let mut d = json!({"name": name, "kind": kind.plural});
-    if !kind.group.is_empty() {
-        d["group"] = json!(kind.group);
+/// `StatusDetails` as the real server writes it: empty fields left out, `group` before `kind`.
+pub(crate) fn details_of(name: &str, group: &str, kind: &str) -> Value {
+    let mut d = serde_json::Map::new();
+    for (field, value) in [("name", name), ("group", group), ("kind", kind)] {
+        if !value.is_empty() {
+            d.insert(field.to_string(), json!(value));
+        }
     }
-    Some(d)
+    Value::Object(d)
+}
+
+fn details(kind: &ResourceKind, name: &str) -> Option<Value> {
+    Some(details_of(name, kind.group, kind.plural))
 }
 
 impl ApiError {
@@ -92,12 +99,14 @@ impl ApiError {
         }
     }
 
-    pub fn unsupported_media_type(content_type: &str) -> ApiError {
+    /// 415 for a body in a format the endpoint does not take (the real server does not name it).
+    pub fn unsupported_media_type() -> ApiError {
         ApiError {
             code: 415,
             reason: "UnsupportedMediaType",
-            message: format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got {content_type:?}"),
-            details: None,
+            // The real server's words whatever the type (kube-apiserver v1.34).
+            message: "415: Unsupported Media Type".to_string(),
+            details: Some(json!({})),
         }
     }
 
@@ -107,14 +116,29 @@ impl ApiError {
         ApiError { code: 422, reason: "Invalid", message: message.into(), details: None }
     }
 
-    /// 422 for an object that fails validation.
+    /// 422 for an object that fails validation (the details name the kind, not the resource, as the real
+    /// server's).
     pub fn invalid(kind: &ResourceKind, name: &str, why: &str) -> ApiError {
         ApiError {
             code: 422,
             reason: "Invalid",
             message: format!("{} \"{name}\" is invalid: {why}", kind.kind),
-            details: details(kind, name),
+            details: Some(details_of(name, kind.group, kind.kind)),
         }
+    }
+
+    /// 422 for a pod update that changes its spec beyond what the real server lets change (the real message
+    /// then adds a diff of the two specs, which this one leaves out).
+    pub fn pod_spec_forbidden(kind: &ResourceKind, name: &str) -> ApiError {
+        let why = "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,\
+                   `spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions \
+                   to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was \
+                   previously negative)";
+        let mut e = ApiError::invalid(kind, name, &format!("spec: {why}"));
+        if let Some(d) = e.details.as_mut() {
+            d["causes"] = json!([{"reason": "FieldValueForbidden", "message": why, "field": "spec"}]);
+        }
+        e
     }
 
     /// 401 for a request without a valid bearer token.
@@ -173,7 +197,7 @@ impl ApiError {
         ApiError { code, reason, message: format!("injected fault: HTTP {code}"), details: None }
     }
 
-    /// The `Status` object describing this error.
+    /// The `Status` object describing this error, its fields in the real server's order.
     pub fn to_status(&self) -> Value {
         let mut s = json!({
             "kind": "Status",
@@ -182,11 +206,11 @@ impl ApiError {
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
-            "code": self.code,
         });
         if let Some(d) = &self.details {
             s["details"] = d.clone();
         }
+        s["code"] = json!(self.code);
         s
     }
 }

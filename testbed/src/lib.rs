@@ -16,6 +16,7 @@ pub mod node;
 pub mod node_agent;
 pub mod pod_process;
 pub mod podman;
+pub mod real_apiserver;
 pub mod real_node;
 pub mod runtime;
 pub mod spy;

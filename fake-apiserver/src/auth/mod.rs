@@ -59,7 +59,8 @@ impl User {
         User::new(ADMIN_USER, &[MASTERS_GROUP])
     }
 
-    /// Who a request without a valid token runs as when authentication is not required.
+    /// Who a request without a token runs as (kube-apiserver's default `--anonymous-auth=true`), and, when
+    /// authentication is not required, one with an invalid token too.
     pub fn anonymous() -> User {
         User { name: "system:anonymous".to_string(), groups: vec!["system:unauthenticated".to_string()] }
     }
@@ -194,6 +195,9 @@ impl Tokens {
         let header = authorization.ok_or(Unauthenticated::Missing)?.trim();
         let (scheme, token) = header.split_once(' ').ok_or(Unauthenticated::Missing)?;
         if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(Unauthenticated::Missing);
+        }
+        if token.trim().is_empty() {
             return Err(Unauthenticated::Missing);
         }
         let claims = token::verify(&self.key, token.trim()).ok_or(Unauthenticated::Invalid)?;

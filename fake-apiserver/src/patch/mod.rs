@@ -39,7 +39,10 @@ impl PatchType {
             "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
             "application/json-patch+json" => Ok(PatchType::Json),
             "application/apply-patch+yaml" => Ok(PatchType::Apply),
-            other => Err(ApiError::unsupported_media_type(other)),
+            other => {
+                tracing::debug!(content_type = other, "unsupported patch content type");
+                Err(ApiError::unsupported_media_type())
+            }
         }
     }
 }

@@ -21,11 +21,21 @@ use std::time::Duration;
 #[derive(Debug, PartialEq)]
 enum Target {
     Version,
+    /// `/healthz`, `/livez`, `/readyz`: `ok`, as a healthy real server answers.
+    Health,
     CoreVersions,
     Groups,
     Resources(&'static str),
-    Collection { kind: &'static ResourceKind, namespace: Option<String> },
-    Object { kind: &'static ResourceKind, namespace: Option<String>, name: String, part: Part },
+    Collection {
+        kind: &'static ResourceKind,
+        namespace: Option<String>,
+    },
+    Object {
+        kind: &'static ResourceKind,
+        namespace: Option<String>,
+        name: String,
+        part: Part,
+    },
 }
 
 fn route(path: &str) -> Option<Target> {
@@ -33,6 +43,7 @@ fn route(path: &str) -> Option<Target> {
     let served = |group: &str| kinds::groups().into_iter().find(|g| *g == group);
     let (group, rest): (&'static str, &[&str]) = match segs.as_slice() {
         ["version"] => return Some(Target::Version),
+        ["healthz" | "livez" | "readyz"] => return Some(Target::Health),
         ["api"] => return Some(Target::CoreVersions),
         ["apis"] => return Some(Target::Groups),
         ["api", "v1"] => return Some(Target::Resources("")),
@@ -174,6 +185,12 @@ fn dispatch(cluster: &Cluster, call: Call<'_>) -> Result<Response<Body>, ApiErro
     let ok = |v: Value| Ok(json_response(200, &v));
     let method = call.method;
     match target {
+        Target::Health if method == Method::GET => Ok(Response::builder()
+            .status(200)
+            .header("content-type", "text/plain; charset=utf-8")
+            .body(Full::new(Bytes::from_static(b"ok")).boxed_unsync())
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed_unsync()))),
+        Target::Health => Err(ApiError::method_not_allowed(method.as_str())),
         Target::Version | Target::CoreVersions | Target::Groups | Target::Resources(_) if method != Method::GET => {
             Err(ApiError::method_not_allowed(method.as_str()))
         }

@@ -56,7 +56,7 @@ pub(super) fn finalized(obj: &Value) -> bool {
 /// The grace period a DELETE gets: the request's, else the kind's default (pods: the spec's, else 30s).
 fn grace_period(kind: &ResourceKind, obj: &Value, options: &DeleteOptions) -> i64 {
     if kind.kind != "Pod" {
-        return options.grace_period_seconds.unwrap_or(0).max(0);
+        return 0; // no graceful strategy: a requested grace period is ignored
     }
     let unscheduled = obj.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default().is_empty();
     let phase = obj.pointer("/status/phase").and_then(Value::as_str).unwrap_or_default();
@@ -108,9 +108,12 @@ impl Store {
         if terminating(&existing) && grace_of(&existing).is_some_and(|current| grace >= current) {
             return Ok((*existing).clone()); // already being deleted at least as soon
         }
-        if grace == 0 && !held {
+        if grace == 0 && !held && kind.kind != "Pod" {
             return Ok(self.remove(kind, key, existing));
         }
+        // Pods are always deleted gracefully, as by the real registry: the deletion is written first
+        // (MODIFIED with deletionTimestamp, grace 0 included), then a grace period of 0 without finalizers
+        // deletes at once (DELETED with that state), answering with it.
         let mut obj = (*existing).clone();
         obj["metadata"]["deletionTimestamp"] = json!(ids::rfc3339_after(Duration::from_secs(grace as u64)));
         obj["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
@@ -120,7 +123,11 @@ impl Store {
         } else {
             self.pending.remove(&key);
         }
-        Ok(self.commit(kind, key, obj))
+        let written = self.commit(kind, key.clone(), obj);
+        if grace == 0 && !held {
+            return Ok(self.remove(kind, key, Arc::new(written)));
+        }
+        Ok(written)
     }
 
     /// Removes the object stored at `key` now, recording DELETED with `last` as its final state.
@@ -157,12 +164,11 @@ impl Store {
             if meta_str(&existing, "uid") != Some(uid.as_str()) || !terminating(&existing) {
                 continue; // deleted and re-created meanwhile
             }
+            let mut obj = (*existing).clone();
+            obj["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            let written = self.commit(kind, key.clone(), obj);
             if finalizers(&existing).is_empty() {
-                self.remove(kind, key, existing);
-            } else {
-                let mut obj = (*existing).clone();
-                obj["metadata"]["deletionGracePeriodSeconds"] = json!(0);
-                self.commit(kind, key, obj);
+                self.remove(kind, key, Arc::new(written));
             }
         }
     }

@@ -143,6 +143,25 @@ fn carry_top(to: &mut Value, from: &Value, field: &str) {
     }
 }
 
+/// The parts of a pod's spec an update may not change: all but container images, `activeDeadlineSeconds`,
+/// `tolerations` and `terminationGracePeriodSeconds` (the real server restricts the last two further).
+fn pod_spec_fixed(pod: &Value) -> Value {
+    let mut spec = pod.get("spec").cloned().unwrap_or(Value::Null);
+    if let Some(map) = spec.as_object_mut() {
+        for field in ["activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds"] {
+            map.remove(field);
+        }
+        for list in ["containers", "initContainers"] {
+            for container in map.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
+                if let Some(c) = container.as_object_mut() {
+                    c.remove("image");
+                }
+            }
+        }
+    }
+    spec
+}
+
 impl Store {
     /// An empty store shaped by `config` (history limits, version origin, deletion semantics).
     pub fn new(config: &Config) -> Store {
@@ -341,6 +360,9 @@ impl Store {
         if self.limits.graceful_deletion {
             self.check_terminating_update(kind, existing, &mut obj)?;
         }
+        if kind.kind == "Pod" && part == Part::Main && pod_spec_fixed(&obj) != pod_spec_fixed(existing) {
+            return Err(ApiError::pod_spec_forbidden(kind, name_of(existing)));
+        }
         if obj == **existing {
             return Ok(obj);
         }
@@ -350,8 +372,11 @@ impl Store {
         }
         let key = Store::key(kind, meta_str(&obj, "namespace").unwrap_or_default(), name_of(&obj));
         if self.limits.graceful_deletion && delete::finalized(&obj) {
-            // The last finalizer of an object whose grace period is over is gone: the update deletes it.
-            return Ok(self.remove(kind, key, Arc::new(obj)));
+            // The last finalizer of an object whose grace period is over is gone: the update deletes it. As on
+            // the real server, watchers see the object as it was stored (DELETED), the writer its update.
+            let gone = self.remove(kind, key, existing.clone());
+            obj["metadata"]["resourceVersion"] = gone["metadata"]["resourceVersion"].clone();
+            return Ok(obj);
         }
         Ok(self.commit(kind, key, obj))
     }
