@@ -29,9 +29,7 @@ const PLUGIN_KUBECONFIG: &str = "/var/run/istio-cni/istio-cni-kubeconfig";
 fn node() -> Option<(std::sync::MutexGuard<'static, ()>, RealNode)> {
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let node = RealNode::connect()?;
-    if !node.installed() {
-        node.helm_install(&[]);
-    }
+    node.ensure_installed();
     Some((guard, node))
 }
 
@@ -330,7 +328,17 @@ fn ambient_pods_are_enrolled_by_the_real_cni_call_and_talk_over_hbone() {
     let pods = ready_pods(&node, ns, "echo", 2);
     assert_enrolled(&node, ns, &pods);
     // The annotation was written by the node agent with the chart's service account, through the real RBAC.
-    let pod = node.pod(ns, &pods[0].0).unwrap();
+    let pod: Value = serde_json::from_str(&node.kubectl(&[
+        "get",
+        "pod",
+        &pods[0].0,
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "--show-managed-fields",
+    ]))
+    .unwrap();
     let managers: BTreeSet<String> = pod["metadata"]["managedFields"]
         .as_array()
         .unwrap()

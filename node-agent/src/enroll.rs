@@ -755,13 +755,17 @@ async fn annotate_remove(client: &Client, pod: &Pod) -> Result<(), EnrollError> 
     patch_status(client, pod, patch).await
 }
 
+/// The field manager of the agent's writes (the pod's `managedFields` and the API server's audit log name it):
+/// without one a real API server records the writer as `unknown`.
+pub(crate) const FIELD_MANAGER: &str = "node-agent";
+
 /// Through `pods/status`, as Istio does, so the agent needs no write access to pods themselves. Bounded by
 /// [`API_CALL_TIMEOUT`]: an enrollment waiting on an unanswered request would hold the pod's netns and its rollback
 /// (found by the soak test).
 async fn patch_status(client: &Client, pod: &Pod, patch: serde_json::Value) -> Result<(), EnrollError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), pod.metadata.namespace.as_deref().unwrap_or_default());
     let name = pod.metadata.name.as_deref().unwrap_or_default();
-    let params = PatchParams::default();
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
     let patch = Patch::Merge(&patch);
     match tokio::time::timeout(API_CALL_TIMEOUT, api.patch_status(name, &params, &patch)).await {
         Ok(answer) => answer.map(drop).map_err(|source| EnrollError::Api { pod: key(pod), what: "annotate", source }),

@@ -194,6 +194,29 @@ impl RealNode {
         self.run("helm", &["status", RELEASE, "-n", RELEASE_NAMESPACE]).status.success()
     }
 
+    /// The release's user-supplied values, as `helm get values -o json` prints them (`None` when not installed).
+    fn release_values(&self) -> Option<Value> {
+        let out = self.run("helm", &["get", "values", RELEASE, "-n", RELEASE_NAMESPACE, "-o", "json"]);
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+    }
+
+    /// Our chart installed with exactly [`install_sets`] (a test that changed a setting and failed before putting
+    /// it back leaves it changed: this puts it back), every DaemonSet rolled out.
+    #[track_caller]
+    pub fn ensure_installed(&self) {
+        let defaults = self.state.join("default-values.json");
+        let want: Option<Value> =
+            std::fs::read(&defaults).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+        let have = self.release_values();
+        if have.is_none() || have != want {
+            self.helm_install(&[]);
+            let values = self.release_values().expect("the release was just installed");
+            std::fs::write(&defaults, values.to_string()).expect("write the default values");
+        }
+        self.wait_rollout("istio-cni-node");
+        self.wait_rollout("hbone-proxy");
+    }
+
     /// `helm install` (or `upgrade --install`) of our chart with [`install_sets`] and `extra` settings, then waits
     /// until both DaemonSets are rolled out.
     #[track_caller]

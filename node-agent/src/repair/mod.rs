@@ -223,7 +223,13 @@ impl Controller {
                 tracing::info!("Labelling broken pod: {ns}/{name}");
                 let (key, value) = &self.label;
                 let patch = json!({ "metadata": { "labels": { key: value } } });
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+                api.patch(
+                    name,
+                    &PatchParams { field_manager: Some(crate::enroll::FIELD_MANAGER.into()), ..PatchParams::default() },
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map(|_| ())
             }
         };
         let (reason, done, failed) = match action {
