@@ -63,7 +63,8 @@ async fn a_pod_terminates_for_its_grace_period_then_goes() {
     // A shorter grace period shortens it (as `kubectl delete --grace-period=1` does).
     pods.delete("web", &DeleteParams { grace_period_seconds: Some(1), ..DeleteParams::default() }).await.unwrap();
     let events = events_until(&pods, &rv, |seen| seen.iter().any(|(t, _, _)| t == "DELETED")).await;
-    let expected = [("MODIFIED", true), ("MODIFIED", true), ("DELETED", true)];
+    // The end of the grace period is the kubelet's grace-0 DELETE: written (MODIFIED), then gone (DELETED).
+    let expected = [("MODIFIED", true), ("MODIFIED", true), ("MODIFIED", true), ("DELETED", true)];
     let got: Vec<(&str, bool)> = events.iter().map(|(t, _, term)| (t.as_str(), *term)).collect();
     assert_eq!(got, expected, "{events:?}");
     assert_eq!(api_error(pods.get("web").await).0, 404);
@@ -116,6 +117,6 @@ async fn the_test_control_deletes_gracefully_on_request_and_instantly_by_default
     let rv = current_rv(&server, "b");
     let terminating = server.delete_gracefully("Pod", Some("default"), "b", None).unwrap();
     assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 1);
-    let events = events_until(&pods, &rv, |seen| seen.len() == 2).await;
-    assert_eq!(events.iter().map(|(t, _, _)| t.as_str()).collect::<Vec<_>>(), ["MODIFIED", "DELETED"]);
+    let events = events_until(&pods, &rv, |seen| seen.len() == 3).await;
+    assert_eq!(events.iter().map(|(t, _, _)| t.as_str()).collect::<Vec<_>>(), ["MODIFIED", "MODIFIED", "DELETED"]);
 }

@@ -67,11 +67,19 @@ async fn patches_have_their_real_semantics() {
     let merged = pods.patch("p", &PatchParams::default(), &smp).await.unwrap();
     assert_eq!(images(&merged), ["app=app:2", "istio-proxy=proxy:1"]);
     let delete = Patch::Strategic(json!({"spec": {"containers": [{"name": "istio-proxy", "$patch": "delete"}]}}));
-    assert_eq!(images(&pods.patch("p", &PatchParams::default(), &delete).await.unwrap()), ["app=app:2"]);
+    // The directive applies, and the result removes a container, which a pod update may not (422, as the real
+    // server; the directive itself is unit-tested in the patch module).
+    assert_eq!(api_error(pods.patch("p", &PatchParams::default(), &delete).await).0, 422);
 
-    // Merge patch: RFC 7386, lists replaced.
+    // Merge patch: RFC 7386, lists replaced; for a pod that changes its spec beyond images, which the real
+    // server refuses (422), as the fake now does.
     let mp = Patch::Merge(json!({"spec": {"containers": [{"name": "only", "image": "x"}]}}));
-    assert_eq!(images(&pods.patch("p", &PatchParams::default(), &mp).await.unwrap()), ["only=x"]);
+    let (code, reason, message) = api_error(pods.patch("p", &PatchParams::default(), &mp).await);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert!(message.starts_with("Pod \"p\" is invalid: spec: Forbidden: pod updates may not change"), "{message}");
+    let mp = Patch::Merge(json!({"spec": {"containers": [{"name": "app", "image": "x"},
+                                                         {"name": "istio-proxy", "image": "proxy:1"}]}}));
+    assert_eq!(images(&pods.patch("p", &PatchParams::default(), &mp).await.unwrap()), ["app=x", "istio-proxy=proxy:1"]);
 
     // JSON patch: RFC 6902, including a failing test operation (422).
     let ops = |v| Patch::Json::<()>(serde_json::from_value(v).unwrap());
@@ -79,7 +87,7 @@ async fn patches_have_their_real_semantics() {
                          {"op": "replace", "path": "/spec/containers/0/image", "value": "y"}]));
     let patched = pods.patch("p", &PatchParams::default(), &add).await.unwrap();
     assert_eq!(patched.labels().get("b").map(String::as_str), Some("2"));
-    assert_eq!(images(&patched), ["only=y"]);
+    assert_eq!(images(&patched), ["app=y", "istio-proxy=proxy:1"]);
     let failing = ops(json!([{"op": "test", "path": "/metadata/labels/a", "value": "nope"}]));
     assert_eq!(api_error(pods.patch("p", &PatchParams::default(), &failing).await).0, 422);
 
