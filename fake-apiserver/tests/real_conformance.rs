@@ -412,9 +412,8 @@ async fn field_selectors_are_the_real_servers() {
             };
             seen.insert(selector.to_string(), json!([code, answer]));
         }
-        let (code, watch_bad) = t
-            .admin("GET", &format!("/api/v1/pods?watch=true&fieldSelector=spec.containers=x"), JSON, Value::Null)
-            .await;
+        let (code, watch_bad) =
+            t.admin("GET", "/api/v1/pods?watch=true&fieldSelector=spec.containers=x", JSON, Value::Null).await;
         seen.insert("watch spec.containers=x".to_string(), json!([code, watch_bad]));
         Value::Object(seen)
     })
