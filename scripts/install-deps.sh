@@ -23,6 +23,9 @@ packages+=(tcpdump)
 packages+=(strace)
 # The HBONE throughput benchmark runs iperf3 beside its own sink apps.
 packages+=(iperf3)
+# The real node (scripts/cluster.sh): containerd 1.6 with its CRI plugin (runc above), conntrack for kube-proxy,
+# gcc for the node's init and the pause image, and ipset to read the host probe set as a user would.
+packages+=(containerd conntrack gcc ipset)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -381,34 +381,85 @@ fn netns_handles(comm: &str) -> usize {
     n
 }
 
+/// A gauge or counter of a release pod's metrics page (its annotated port), summed over series.
+fn release_metric(node: &RealNode, pod: &str, port: u16, name: &str) -> f64 {
+    metric_sum(&scrape(node, pod, port), name, &[])
+}
+
+/// Socket descriptors held by processes named `comm` (the proxy's listeners inside each pod's netns are sockets,
+/// and a socket keeps its netns alive).
+fn sockets_of(comm: &str) -> usize {
+    let mut n = 0;
+    for proc in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let Ok(name) = std::fs::read_to_string(proc.path().join("comm")) else { continue };
+        if name.trim() != comm {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(proc.path().join("fd")) else { continue };
+        n += fds
+            .filter_map(Result::ok)
+            .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
+            .count();
+    }
+    n
+}
+
 #[test]
 fn a_pod_deleted_by_the_kubelet_leaves_nothing_behind() {
     let Some((_guard, node)) = node() else { return };
     let ns = "real-delete";
     node.delete_namespace(ns);
     node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
-    let handles_before = netns_handles("hbone-proxy");
+    let (agent, proxy) = (node.agent_pod(), node.proxy_pod());
+    let state = |node: &RealNode| {
+        (
+            release_metric(node, &agent, 15014, "nodeagent_enrolled_pods"),
+            release_metric(node, &proxy, 15020, "workload_manager_active_proxy_count"),
+            sockets_of("hbone-proxy"),
+            netns_handles("node-agent") + netns_handles("hbone-proxy"),
+        )
+    };
+    let before = state(&node);
     echo_deployment(&node, ns, "gone", 1);
     let pods = ready_pods(&node, ns, "gone", 1);
     assert_enrolled(&node, ns, &pods);
     let (name, ip) = pods[0].clone();
-    let agent = node.agent_pod();
-    let probe_set = || {
-        String::from_utf8_lossy(&node.in_node("nft", &["list", "ruleset"]).stdout).into_owned()
-            + &String::from_utf8_lossy(&node.in_node("ipset", &["list"]).stdout)
-    };
-    assert!(netns_handles("hbone-proxy") > handles_before, "the proxy holds the pod's netns");
+    let probes =
+        || String::from_utf8_lossy(&node.in_node("ipset", &["list", "istio-inpod-probes-v4"]).stdout).into_owned();
+    let ipam = testbed::real_node::state_dir().join("cni-ipam/podnet").join(&ip);
+    let sandbox = node.sandbox_id(ns, &name).expect("the pod's sandbox");
+    let inspect: Value = serde_json::from_str(&node.ok("crictl", &["inspectp", &sandbox])).unwrap();
+    let netns_path = inspect["info"]["runtimeSpec"]["linux"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["type"] == "network")
+        .and_then(|n| n["path"].as_str())
+        .expect("the sandbox's netns path")
+        .to_string();
+    let during = state(&node);
+    assert!(during.0 == before.0 + 1.0 && during.1 == before.1 + 1.0, "enrolled: {before:?} -> {during:?}");
+    assert!(during.2 > before.2, "the proxy listens in the pod: {before:?} -> {during:?}");
+    assert!(probes().contains(&ip) && ipam.exists() && std::path::Path::new(&netns_path).exists());
+
     node.kubectl(&["scale", "deployment/gone", "-n", ns, "--replicas=0"]);
     node.eventually("the pod is gone from the API", || node.pod(ns, &name).is_none().then_some(()));
     node.eventually_or(
-        "the proxy let go of the pod's netns and the host forgot its IP",
-        || (netns_handles("hbone-proxy") <= handles_before && !probe_set().contains(&ip)).then_some(()),
-        || format!("handles {} (before {handles_before})\n{}", netns_handles("hbone-proxy"), probe_set()),
+        "nothing of the pod is left: CNI DEL ran through the chain (IPAM released), ZDS Del reached the proxy, no \
+         listener, netns handle or probe-set entry is left",
+        || {
+            let now = state(&node);
+            (now == before
+                && !ipam.exists()
+                && !probes().contains(&ip)
+                && !std::path::Path::new(&netns_path).exists()
+                && node.sandbox_id(ns, &name).is_none())
+            .then_some(())
+        },
+        || format!("before {before:?}, now {:?}, ipam {}, probes {}", state(&node), ipam.exists(), probes()),
     );
     let (_, explain) = node.exec(RELEASE_NAMESPACE, &agent, "node-agent", &["node-agent", "explain", "--all"]);
     assert!(!explain.contains(&name), "explain still lists {name}: {explain}");
-    // The runtime's netns handle is gone with the sandbox.
-    assert!(node.sandbox_id(ns, &name).is_none());
     node.delete_namespace(ns);
 }
 
