@@ -570,18 +570,47 @@ fn explain_events_and_every_annotated_metrics_port_are_seen_from_outside() {
     assert!(ok, "{text}");
     let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     assert!(report.to_string().contains("enrolled") || report.to_string().contains("Enrolled"), "{report}");
-    // Our Events, through the API.
-    node.eventually("an Event about the pod from the node agent", || {
-        let events = node.get_json(&["events", "-n", ns])?;
-        events["items"]
-            .as_array()?
-            .iter()
-            .any(|e| {
-                e["involvedObject"]["name"] == pods[0].0.as_str()
-                    && e["source"]["component"].as_str().is_some_and(|c| c.contains("istio"))
-            })
-            .then_some(())
+    // Our Events, through the API: the repair controller in label mode (Istio's `repair.labelPods`) writes one on
+    // a broken sidecar pod, whose `istio-validation` init container exited with Istio's code 126.
+    node.helm_install(&["repair.repairPods=false", "repair.labelPods=true"]);
+    let broken = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "broken",
+            "namespace": ns,
+            "labels": {"app": "broken", names::DATAPLANE_MODE_LABEL: "none"},
+            "annotations": {names::SIDECAR_STATUS_ANNOTATION: r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#},
+        },
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "initContainers": [{
+                "name": names::VALIDATION_CONTAINER,
+                "image": APP_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", format!("exit {}", names::VALIDATION_EXIT_CODE)],
+            }],
+            "containers": [
+                {"name": names::PROXY_CONTAINER, "image": APP_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"],
+                 "securityContext": {"runAsUser": 1337, "runAsGroup": 1337}},
+                {"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"]},
+            ],
+        },
     });
+    node.apply(&broken.to_string());
+    let event = node.eventually_or(
+        "the repair controller's LabelBrokenPod Event on the broken pod",
+        || {
+            let events = node.get_json(&["events", "-n", ns, "--field-selector", "involvedObject.name=broken"])?;
+            events["items"].as_array()?.iter().find(|e| e["reason"] == "LabelBrokenPod").cloned()
+        },
+        || node.describe_namespace(ns),
+    );
+    assert_eq!(event["type"], "Warning", "{event}");
+    assert_eq!(event["source"]["component"], "cni-repair", "{event}");
+    let pod = node.pod(ns, "broken").unwrap();
+    assert_eq!(pod["metadata"]["labels"][names::BROKEN_POD_LABEL], "true", "{pod}");
+    node.helm_install(&[]);
     // Every metrics port the chart annotates answers a scrape.
     for pod in node.pods(RELEASE_NAMESPACE, "app.kubernetes.io/instance=istio-cni") {
         let name = pod["metadata"]["name"].as_str().unwrap();
