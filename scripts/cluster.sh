@@ -367,6 +367,7 @@ EOF
   start kubelet kubelet --config="$STATE/kubelet.yaml" --kubeconfig="$STATE/kubelet-client.kubeconfig" \
     --node-ip="$NODE_IP" --hostname-override="$NODE" --root-dir="$DATA/kubelet" --v=1
   export KUBECONFIG="$STATE/admin.kubeconfig"
+  wait_for 60 kubelet in_node curl -sf http://127.0.0.1:10248/healthz
   wait_for 120 "node $NODE" kubectl get node "$NODE"
   wait_for 120 "node $NODE Ready" kubectl wait --for=condition=Ready "node/$NODE" --timeout=1s
   wait_for 60 "default ServiceAccount" kubectl get serviceaccount default -n default
@@ -437,11 +438,14 @@ restart() {
     kubelet)
       stop kubelet
       start kubelet kubelet --config="$STATE/kubelet.yaml" --kubeconfig="$STATE/kubelet-client.kubeconfig" \
-        --node-ip="$NODE_IP" --hostname-override="$NODE" --root-dir="$DATA/kubelet" --v=1 ;;
+        --node-ip="$NODE_IP" --hostname-override="$NODE" --root-dir="$DATA/kubelet" --v=1
+      wait_for 60 kubelet in_node curl -sf http://127.0.0.1:10248/healthz ;;
     containerd)
       stop containerd
       start containerd containerd --config "$STATE/containerd.toml"
-      wait_for 30 containerd ctr --address "$CONTAINERD_SOCK" version ;;
+      wait_for 30 containerd ctr --address "$CONTAINERD_SOCK" version
+      # The kubelet reconnects on its own; the node is back once the kubelet says it is healthy.
+      wait_for 60 kubelet in_node curl -sf http://127.0.0.1:10248/healthz ;;
     *) die "restart: kubelet or containerd" ;;
   esac
 }

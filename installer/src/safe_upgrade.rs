@@ -50,8 +50,24 @@ pub enum Verdict {
 }
 
 /// Asks the API server (through [`client`]) whether this is an upgrade or an uninstall.
+///
+/// A 401 or 403 is an uninstall too: `helm uninstall` deletes the DaemonSet and, in the same breath, the chart's
+/// RBAC and service account, so by the time our pod gets SIGTERM its credentials may no longer be accepted. An
+/// upgrade updates RBAC in place and never takes it away. Keeping the plugin chained then would leave every later
+/// pod on the node failing its ADD (the plugin's own credentials are gone too): found on a real API server, where
+/// the uninstall left the node unable to start pods. Any other error (unreachable, timeout, 5xx) keeps the install.
 pub async fn verdict(client: Client, namespace: &str, node_name: &str) -> Result<Verdict, kube::Error> {
-    let Some(ds) = Api::<DaemonSet>::namespaced(client.clone(), namespace).get_opt(CNI_DAEMONSET).await? else {
+    let ds = match Api::<DaemonSet>::namespaced(client.clone(), namespace).get_opt(CNI_DAEMONSET).await {
+        Ok(ds) => ds,
+        Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => {
+            return Ok(Verdict::CleanUp(format!(
+                "our credentials are refused (HTTP {}: {}): the release's RBAC or service account is gone",
+                status.code, status.message
+            )));
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(ds) = ds else {
         return Ok(Verdict::CleanUp(format!("DaemonSet {namespace}/{CNI_DAEMONSET} is gone")));
     };
     if ds.metadata.deletion_timestamp.is_some() {

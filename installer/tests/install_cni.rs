@@ -411,6 +411,29 @@ fn safe_upgrade_cleans_up_when_disabled_or_when_the_daemonset_is_gone() {
     assert_eq!(ambient_install_then_sigterm(false, false), (false, false, false), "DaemonSet deleted");
 }
 
+/// `helm uninstall` removes the DaemonSet and the chart's RBAC together: by the time install-cni gets SIGTERM its
+/// DaemonSet lookup may be refused (403) rather than answered 404. That is an uninstall too; keeping the plugin
+/// chained would fail every later pod's ADD on the node (seen on a real API server, e2e/tests/real_node.rs).
+#[test]
+fn safe_upgrade_cleans_up_when_the_charts_rbac_is_gone() {
+    let (cluster, mut installer) = node_with_bridge();
+    cluster.api.upsert(daemonset()).unwrap();
+    installer.env("AMBIENT_ENABLED", "true");
+    let mut run = installed(&installer);
+    for binding in ["istio-cni", "istio-cni-ambient", "istio-cni-repair-rolebinding"] {
+        cluster.api.delete("ClusterRoleBinding", None, binding);
+    }
+    cluster.api.clear_requests();
+    assert!(run.terminate().success(), "install-cni failed on SIGTERM:\n{}", run.log());
+    let refused =
+        cluster.api.requests().iter().any(|r| r.path.contains("daemonsets/istio-cni-node") && r.status == 403);
+    assert!(refused, "the DaemonSet lookup was not refused: {:?}", cluster.api.requests());
+    assert!(!plugin_types(&installer.net_d.join(PRIMARY)).unwrap().contains(&names::PLUGIN_TYPE.to_owned()));
+    assert!(!installer.bin_dir.join(names::PLUGIN_TYPE).exists(), "{}", run.log());
+    // The refusal was this test's doing (the uninstall it plays), not a gap in the chart's RBAC.
+    cluster.api.clear_requests();
+}
+
 #[test]
 fn waits_for_a_primary_config_then_chains_into_it() {
     let cluster = Cluster::new();
