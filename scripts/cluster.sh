@@ -198,6 +198,8 @@ cni_up() {
   mkdir -p "$STATE/restore"
   [ -d "$CNI_BIN" ] || { touch "$STATE/restore/created-cni-bin"; mkdir -p "$CNI_BIN"; }
   [ -d "$CNI_CONF" ] || { touch "$STATE/restore/created-cni-conf"; mkdir -p "$CNI_CONF"; }
+  local d
+  for d in /var/run/istio-cni /var/run/ztunnel; do [ -e "$d" ] || touch "$STATE/restore/created-$(basename "$d")"; done
   local p
   for p in bridge host-local loopback portmap; do
     if [ ! -e "$CNI_BIN/$p" ]; then
@@ -380,6 +382,15 @@ EOF
 down() {
   [ "$(id -u)" -eq 0 ] || die "run as root"
   bin_path
+  # Uninstall what was installed with helm while the node still runs, so each release cleans up after itself.
+  if running kube-apiserver && running kubelet; then
+    local release
+    for release in $(KUBECONFIG="$STATE/admin.kubeconfig" helm list -A -q 2>/dev/null); do
+      local rns; rns=$(KUBECONFIG="$STATE/admin.kubeconfig" helm list -A -f "^$release\$" -o json | jq -r '.[0].namespace')
+      log "helm uninstall $release -n $rns"
+      KUBECONFIG="$STATE/admin.kubeconfig" helm uninstall "$release" -n "$rns" --wait --timeout 90s >/dev/null || true
+    done
+  fi
   if running kubelet; then stop kubelet; fi
   if running containerd && command -v crictl >/dev/null; then
     local cri=(crictl --config "$STATE/crictl.yaml")
@@ -415,13 +426,38 @@ down() {
   if [ -f "$STATE/restore/cni-bins" ]; then
     while read -r p; do rm -f "$CNI_BIN/$p"; done <"$STATE/restore/cni-bins"
   fi
+  # Host paths the chart's pods mount with DirectoryOrCreate: the kubelet made them for the node.
+  for p in /var/run/istio-cni /var/run/ztunnel; do
+    [ -f "$STATE/restore/created-$(basename "$p")" ] && rm -rf "$p"
+  done
   [ -f "$STATE/restore/created-cni-bin" ] && rmdir "$CNI_BIN" 2>/dev/null || true
   [ -f "$STATE/restore/created-cni-conf" ] && rmdir "$CNI_CONF" 2>/dev/null || true
   if [ -f "$STATE/root-propagation" ] && [ "$(cat "$STATE/root-propagation")" = private ]; then
     mount --make-rprivate /
   fi
   rm -rf "$DATA" "$STATE"
+  verify_clean
   log "down"
+}
+
+# What `down` promises: no process, mount, netns, route, rule or file of the node is left on the host.
+verify_clean() {
+  local left=() p
+  p=$(pgrep -f "$STATE|$DATA|istio-real-node" | grep -vx "$$" || true)
+  [ -z "$p" ] || left+=("processes: $(echo $p)")
+  grep -qE " ($STATE|$DATA)[/ ]| /run/netns/cni-" /proc/self/mountinfo && left+=("mounts: $(grep -E " ($STATE|$DATA)[/ ]| /run/netns/cni-" /proc/self/mountinfo | awk '{print $5}' | tr '\n' ' ')")
+  [ -e "/run/netns/$NETNS" ] && left+=("netns $NETNS")
+  ls /run/netns/cni-* >/dev/null 2>&1 && left+=("pod netns handles: $(ls /run/netns/ | grep '^cni-' | tr '\n' ' ')")
+  ip link show rn-host >/dev/null 2>&1 && left+=("link rn-host")
+  ip route | grep -qE "^($POD_CIDR|$SERVICE_CIDR) " && left+=("routes to the node")
+  iptables-save 2>/dev/null | grep -qE "KUBE-|ISTIO" && left+=("iptables rules in the host's netns")
+  nft list ruleset 2>/dev/null | grep -qiE "istio|kube" && left+=("nftables rules in the host's netns")
+  [ -e "$CNI_CONF/$PRIMARY_CONF" ] && left+=("$CNI_CONF/$PRIMARY_CONF")
+  [ -e "$CNI_BIN/istio-cni" ] && left+=("$CNI_BIN/istio-cni")
+  if [ "${#left[@]}" -gt 0 ]; then
+    printf 'cluster: left behind: %s\n' "${left[@]}" >&2
+    return 1
+  fi
 }
 
 status() {
@@ -454,6 +490,7 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
+  check-clean) verify_clean ;;
   restart) shift; restart "$@" ;;
   images) bin_path; images_import ;;
   env)

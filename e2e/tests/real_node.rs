@@ -98,7 +98,10 @@ fn pod_rules(node: &RealNode, ns: &str, name: &str) -> String {
 
 /// Whether `rules` hold Istio's in-pod redirection (the iptables chain names or the nftables tables).
 fn has_istio_rules(rules: &str) -> bool {
-    rules.contains("ISTIO_OUTPUT") || rules.contains("ISTIO_PRERT") || rules.contains("istio-proxy-nat")
+    rules.contains("ISTIO_OUTPUT")
+        || rules.contains("ISTIO_PRERT")
+        || rules.contains("istio-proxy-nat")
+        || rules.contains("istio-ambient-nat")
 }
 
 /// `echo ping | nc IP 8080` from pod `ns/from`: the answer line.
@@ -327,6 +330,9 @@ fn ambient_pods_are_enrolled_by_the_real_cni_call_and_talk_over_hbone() {
     echo_deployment(&node, ns, "echo", 2);
     let pods = ready_pods(&node, ns, "echo", 2);
     assert_enrolled(&node, ns, &pods);
+    // Istio's default backend: iptables (the image carries Debian's iptables-nft).
+    let rules = node.in_pod_netns(ns, &pods[0].0, "iptables-nft-save", &[]).unwrap_or_default();
+    assert!(rules.contains("ISTIO_OUTPUT"), "not iptables rules:\n{rules}");
     // The annotation was written by the node agent with the chart's service account, through the real RBAC.
     let pod: Value = serde_json::from_str(&node.kubectl(&[
         "get",
@@ -362,6 +368,27 @@ fn ambient_pods_are_enrolled_by_the_real_cni_call_and_talk_over_hbone() {
     assert!(after >= before + 2.0, "HBONE mTLS connections {before} -> {after}");
     node.helm_install(&[]);
     node.delete_namespace(ns);
+}
+
+#[test]
+fn native_nftables_mode_enrolls_and_redirects_ambient_pods_too() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-nft";
+    node.delete_namespace(ns);
+    node.helm_install(&["global.nativeNftables=true"]);
+    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
+    echo_deployment(&node, ns, "nft", 2);
+    let pods = ready_pods(&node, ns, "nft", 2);
+    assert_enrolled(&node, ns, &pods);
+    for (name, _) in &pods {
+        let nft = node.in_pod_netns(ns, name, "nft", &["list", "ruleset"]).unwrap_or_default();
+        assert!(nft.contains("table inet istio-ambient-nat"), "{name}: not Istio's nftables layout:\n{nft}");
+        let ipt = node.in_pod_netns(ns, name, "iptables-nft-save", &[]).unwrap_or_default();
+        assert!(!ipt.contains("ISTIO_"), "{name}: iptables rules in nftables mode:\n{ipt}");
+    }
+    assert_talk(&node, ns, &pods);
+    node.delete_namespace(ns);
+    node.helm_install(&[]);
 }
 
 /// Open file descriptors of processes named `comm` that point at network namespaces.

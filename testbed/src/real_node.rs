@@ -205,8 +205,7 @@ impl RealNode {
     #[track_caller]
     pub fn ensure_installed(&self) {
         let defaults = self.state.join("default-values.json");
-        let want: Option<Value> =
-            std::fs::read(&defaults).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+        let want: Option<Value> = std::fs::read(&defaults).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
         let have = self.release_values();
         if have.is_none() || have != want {
             self.helm_install(&[]);
