@@ -37,6 +37,7 @@ INSTALL_SETS=(--set profile=ambient --set global.hub=localhost --set global.tag=
 
 brought_up=0        # this run started the node
 installed=0         # this run installed the release
+release_ns_created=0  # and created its namespace
 values_saved=""     # the existing release's values, to put back (file), when this run changed the fast path
 created_ns=()
 interrupted=0
@@ -92,7 +93,9 @@ cleanup() {
       else
         echo "teardown: helm uninstall $RELEASE failed" >&2; [ "$status" = 0 ] && status=1
       fi
-      kubectl delete namespace "$RELEASE_NS" --ignore-not-found --wait=false >/dev/null 2>&1
+      if [ "$release_ns_created" = 1 ]; then
+        kubectl delete namespace "$RELEASE_NS" --ignore-not-found --wait=false >/dev/null 2>&1
+      fi
     elif [ -n "$values_saved" ]; then
       # The release's own values again (not --reuse-values: a value the release never set must go back to unset).
       if helm upgrade "$RELEASE" charts/istio-cni -n "$RELEASE_NS" -f "$values_saved" >/dev/null 2>"$work/restore.err" &&
@@ -139,7 +142,7 @@ pod_rules() {
   pid=$(sandbox_pid "$1" "$2") || return 1
   for tool in iptables-nft-save iptables-legacy-save; do
     out=$(nsenter --target "$(init_pid)" --net --mount -- nsenter --net="/proc/$pid/ns/net" -- "$tool" 2>/dev/null) || continue
-    if grep -q '^-A ISTIO' <<<"$out"; then echo "# tool: $tool"; echo "$out"; return 0; fi
+    if grep -q "^-A ISTIO" <<<"$out"; then echo "# tool: ${tool%-save}"; echo "$out"; return 0; fi
   done
   out=$(nsenter --target "$(init_pid)" --net --mount -- nsenter --net="/proc/$pid/ns/net" -- nft list ruleset 2>/dev/null)
   if grep -q istio <<<"$out"; then echo "# tool: nft"; echo "$out"; return 0; fi
@@ -210,8 +213,8 @@ if helm status "$RELEASE" -n "$RELEASE_NS" >/dev/null 2>&1; then
     how="$how but for proxy.sameNodeFastPath=false (its values put back at the end)"
   fi
 else
+  kubectl get namespace "$RELEASE_NS" >/dev/null 2>&1 || release_ns_created=1
   installed=1
-  t0=$SECONDS
   helm upgrade --install "$RELEASE" charts/istio-cni -n "$RELEASE_NS" --create-namespace "${INSTALL_SETS[@]}" \
     --set proxy.sameNodeFastPath=false >"$work/helm.log" 2>&1 || fail "helm upgrade --install: $(cat "$work/helm.log")"
   how="installed by the demo (uninstalled at the end) with proxy.sameNodeFastPath=false"
