@@ -56,8 +56,11 @@ strip_ansi() { sed 's/\x1b\[[0-9;]*m//g'; }
 until_ok() {
   local secs=$1 what=$2; shift 2
   local end=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -lt "$end" ] || fail "timed out after ${secs}s waiting until $what"
+  until "$@" >/dev/null 2>"$work/last.err"; do
+    if [ "$SECONDS" -ge "$end" ]; then
+      local err; err=$(tail -c 300 "$work/last.err" | tr '\n' ' ')
+      fail "timed out after ${secs}s waiting until $what${err:+ (last error: $err)}"
+    fi
     sleep 0.5
   done
 }
@@ -175,6 +178,9 @@ annotated() { [ "$(kubectl get pod "$2" -n "$1" -o jsonpath='{.metadata.annotati
 release_pod() { # SELECTOR: the running, not terminating, pod of the release
   kubectl get pods -n "$RELEASE_NS" -l "$1" -o json |
     jq -re '[.items[] | select(.status.phase == "Running" and .metadata.deletionTimestamp == null)] | .[0].metadata.name'
+}
+proxy_started() { # UID: the proxy's log says it started a pod proxy for the pod; sets $proxy to the proxy's pod
+  proxy=$(release_pod k8s-app=hbone-proxy) && kubectl logs -n "$RELEASE_NS" "$proxy" | grep 'pod proxy started' | grep -q "$1"
 }
 rolled_out() { kubectl rollout status "daemonset/$1" -n "$RELEASE_NS" --timeout=5s; }
 
@@ -332,8 +338,8 @@ for p in frontend backend; do
   ip=$(kubectl get pod "$p" -n "$AMBIENT_NS" -o jsonpath='{.status.podIP}')
   uid=$(kubectl get pod "$p" -n "$AMBIENT_NS" -o jsonpath='{.metadata.uid}')
   eval "${p}_ip=$ip"
-  until_ok 60 "the proxy started a pod proxy for $AMBIENT_NS/$p" \
-    sh -c "kubectl logs -n $RELEASE_NS $proxy | grep 'pod proxy started' | grep -q $uid"
+  # The proxy pod of now (a helm upgrade by someone else replaces it; the new one starts every pod proxy again).
+  until_ok 60 "the proxy started a pod proxy for $AMBIENT_NS/$p" proxy_started "$uid"
   line=$(kubectl logs -n "$RELEASE_NS" "$proxy" | strip_ansi | grep 'pod proxy started' | grep "$uid" | tail -n1 |
     sed -E 's/^[^ ]+ +INFO +//')
   say "      pod $AMBIENT_NS/$p (ambient) $ip: ambient.istio.io/redirection=$(kubectl get pod "$p" -n "$AMBIENT_NS" -o jsonpath='{.metadata.annotations.ambient\.istio\.io/redirection}')"
