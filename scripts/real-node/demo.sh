@@ -210,20 +210,20 @@ begin 2 "our chart"
 if helm status "$RELEASE" -n "$RELEASE_NS" >/dev/null 2>&1; then
   helm get values "$RELEASE" -n "$RELEASE_NS" -o yaml >"$work/values.yaml"
   rev=$(helm status "$RELEASE" -n "$RELEASE_NS" -o json | jq -r .version)
-  how="existing release (revision $rev), used as it is"
+  how="existing (revision $rev), used as it is"
   fast=$(helm get values "$RELEASE" -n "$RELEASE_NS" -a -o json | jq -r '.proxy.sameNodeFastPath')
   if [ "$fast" != false ]; then
     values_saved="$work/values.yaml"
     helm upgrade "$RELEASE" charts/istio-cni -n "$RELEASE_NS" --reuse-values --set proxy.sameNodeFastPath=false \
       >"$work/helm.log" 2>&1 || fail "helm upgrade --set proxy.sameNodeFastPath=false: $(cat "$work/helm.log")"
-    how="$how but for proxy.sameNodeFastPath=false (its values put back at the end)"
+    how="$how but for proxy.sameNodeFastPath=false (revision $((rev + 1)); its own values go back at the end)"
   fi
 else
   kubectl get namespace "$RELEASE_NS" >/dev/null 2>&1 || release_ns_created=1
   installed=1
   helm upgrade --install "$RELEASE" charts/istio-cni -n "$RELEASE_NS" --create-namespace "${INSTALL_SETS[@]}" \
     --set proxy.sameNodeFastPath=false >"$work/helm.log" 2>&1 || fail "helm upgrade --install: $(cat "$work/helm.log")"
-  how="installed by the demo (uninstalled at the end) with proxy.sameNodeFastPath=false"
+  how="installed by the demo with proxy.sameNodeFastPath=false (uninstalled at the end)"
 fi
 until_ok 180 "daemonset/istio-cni-node is rolled out" rolled_out istio-cni-node
 until_ok 180 "daemonset/hbone-proxy is rolled out" rolled_out hbone-proxy
@@ -231,7 +231,7 @@ agent=$(release_pod k8s-app=istio-cni-node) || fail "no running istio-cni-node p
 proxy=$(release_pod k8s-app=hbone-proxy) || fail "no running hbone-proxy pod"
 until_ok 60 "the proxy runs with the fast path off" \
   sh -c "kubectl logs -n $RELEASE_NS $proxy | grep -q 'same_node_fast_path.*false'"
-say "[2/$STEPS] helm release $RELEASE in $RELEASE_NS ($how)"
+say "[2/$STEPS] helm release $RELEASE in $RELEASE_NS: $how"
 detail "$(helm list -n "$RELEASE_NS" -f "^$RELEASE\$" -o json | jq -r '.[0] | "chart \(.chart), revision \(.revision), \(.status)"'); image $(kubectl get ds istio-cni-node -n "$RELEASE_NS" -o jsonpath='{.spec.template.spec.containers[0].image}')"
 detail "DaemonSet istio-cni-node: pod $agent ready (install-cni + node-agent); DaemonSet hbone-proxy: pod $proxy ready"
 
