@@ -79,3 +79,24 @@ fn sleep_binary() -> PathBuf {
         .find(|candidate| candidate.is_file())
         .expect("sleep on PATH")
 }
+
+/// Every process other than a stand-in (one running as [`KUBELET_UID`]) the node agent would take for the kubelet:
+/// named `kubelet`, `kubelite` or `k3s`, as `redirect::hostprobe::find_kubelet_uid` looks for them. On a machine that
+/// also runs a real node (`scripts/cluster.sh up`, whose kubelet runs as root in its own PID namespace but shows in
+/// the host's `/proc` with a lower pid than any stand-in), the agent would find that one first and SNAT root's
+/// sockets instead of the test kubelet's.
+pub fn foreign_kubelets() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if !matches!(comm.trim_end(), "kubelet" | "kubelite" | "k3s") {
+                return false;
+            }
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok());
+            uid.is_some_and(|uid: u32| uid != KUBELET_UID)
+        })
+        .collect()
+}

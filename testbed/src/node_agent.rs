@@ -25,6 +25,41 @@ use crate::mesh::{plain_pod, Cluster, RuleBackend};
 use crate::wait::eventually;
 use crate::{bins, chart, NetnsGuard};
 
+/// On a machine that also runs another kubelet (a real node started by `scripts/cluster.sh up`, see
+/// [`crate::kubelet::foreign_kubelets`]), the agent runs in a mount namespace of its own (a slave of the host's, so
+/// netns and other mounts made later still reach it) where each such process's `/proc/<pid>` is hidden under an
+/// empty directory: as on a node, the only kubelet it finds is this node's ([`Kubelet`]), whose uid its nftables
+/// host probe rule must match. Without another kubelet the agent is spawned as it always was.
+fn hide_foreign_kubelets(cmd: &mut Command, scratch: &Path) {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::process::CommandExt as _;
+
+    let foreign = crate::kubelet::foreign_kubelets();
+    if foreign.is_empty() {
+        return;
+    }
+    let empty = scratch.join("hidden-proc");
+    std::fs::create_dir(&empty).expect("create the dir that hides foreign kubelets");
+    let empty = CString::new(empty.as_os_str().as_bytes()).expect("dir path without NUL");
+    let targets: Vec<CString> =
+        foreign.iter().map(|pid| CString::new(format!("/proc/{pid}")).expect("proc path without NUL")).collect();
+    // SAFETY: between fork and exec this only makes system calls (unshare, mount) on memory prepared before the
+    // fork; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            use nix::mount::{mount, MsFlags};
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+            mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)?;
+            for target in &targets {
+                // A process that exited meanwhile has nothing left to hide.
+                let _ = mount(Some(empty.as_c_str()), target.as_c_str(), None::<&str>, MsFlags::MS_BIND, None::<&str>);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The agent's own debug logs, without the HTTP and TLS client chatter.
 const LOG_LEVEL: &str = "debug,hyper_util=info,kube_client=info,tower=info,rustls=info,rustls_platform_verifier=info";
 
@@ -185,6 +220,7 @@ impl NodeAgent {
         let stderr = File::create(&log).expect("node agent log file");
         let mut cmd = Command::new(bins::path("node-agent"));
         cmd.env_clear().envs(env).stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
+        hide_foreign_kubelets(&mut cmd, scratch.path());
         let ns = cluster.node.netns().open().expect("open node netns");
         let child = ns.run(|| cmd.spawn()).expect("enter node netns").expect("spawn node-agent");
         Self { child, netns: cluster.node.netns().path(), scratch, log, exit: None, _kubelet: kubelet }
