@@ -52,17 +52,22 @@ begin() { step_no=$1; step_name=$2; }
 fail() { echo "demo: step [$step_no/$STEPS] $step_name: $*" >&2; exit 1; }
 strip_ansi() { sed 's/\x1b\[[0-9;]*m//g'; }
 
-# until_ok SECS WHAT CMD...: runs CMD every half second until it succeeds; fails the step after SECS seconds.
-until_ok() {
-  local secs=$1 what=$2; shift 2
-  local end=$((SECONDS + secs))
+# poll SECS CMD...: runs CMD every half second until it succeeds (0), or 1 after SECS seconds; the last error of CMD
+# in $work/last.err.
+poll() {
+  local end=$((SECONDS + $1)); shift
   until "$@" >/dev/null 2>"$work/last.err"; do
-    if [ "$SECONDS" -ge "$end" ]; then
-      local err; err=$(tail -c 300 "$work/last.err" | tr '\n' ' ')
-      fail "timed out after ${secs}s waiting until $what${err:+ (last error: $err)}"
-    fi
+    [ "$SECONDS" -lt "$end" ] || return 1
     sleep 0.5
   done
+}
+# until_ok SECS WHAT CMD...: poll, failing the step after SECS seconds.
+until_ok() {
+  local secs=$1 what=$2; shift 2
+  if ! poll "$secs" "$@"; then
+    local err; err=$(tail -c 300 "$work/last.err" | tr '\n' ' ')
+    fail "timed out after ${secs}s waiting until $what${err:+ (last error: $err)}"
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -359,34 +364,46 @@ tcp_metric() { # PAGE-FILE METRIC REPORTER
     awk '{ s += $NF } END { printf "%d\n", s }'
 }
 # A first line through, to know the path works (the proxy may have just restarted with the fast path off).
-until_ok 60 "frontend reaches backend:8080" sh -c \
-  "kubectl exec -n $AMBIENT_NS frontend -- sh -c 'echo hello | timeout 5 nc -w 1 $backend_ip 8080' | grep -qx hello"
-metrics >"$work/before.prom" || fail "cannot scrape the proxy's metrics"
-t0=$(date +%s%N)
-out=$(kubectl exec -n "$AMBIENT_NS" frontend -- sh -c "
-  head -c $PAYLOAD /dev/urandom >/tmp/sent
-  timeout 30 nc -w 2 $backend_ip 8080 </tmp/sent >/tmp/echoed
-  echo \$(wc -c </tmp/sent) \$(wc -c </tmp/echoed) \$(md5sum </tmp/sent | cut -c1-12) \$(md5sum </tmp/echoed | cut -c1-12)
-") || fail "the app's transfer failed: $out"
-ms=$((($(date +%s%N) - t0) / 1000000))
-read -r sent echoed sum_sent sum_echoed <<<"$out"
-[ "$sent" = "$PAYLOAD" ] && [ "$echoed" = "$PAYLOAD" ] && [ "$sum_sent" = "$sum_echoed" ] ||
-  fail "sent $sent bytes (md5 $sum_sent), got $echoed back (md5 $sum_echoed)"
+# Both ends of the connection are the one proxy: the client side (reporter=source) and the server side of HBONE
+# (reporter=destination). Its counters live as long as its pod: when someone's helm upgrade replaces the pod during
+# the transfer, the transfer is done again with the new one (twice at most).
+got_metrics() {
+  metrics >"$work/after.prom" || return 1
+  local r m
+  for r in source destination; do
+    for m in istio_tcp_received_bytes_total istio_tcp_sent_bytes_total; do
+      [ $(($(tcp_metric "$work/after.prom" $m $r) - $(tcp_metric "$work/before.prom" $m $r))) -ge "$PAYLOAD" ] || return 1
+    done
+  done
+}
+for attempt in 1 2 3; do
+  until_ok 60 "frontend reaches backend:8080" sh -c \
+    "kubectl exec -n $AMBIENT_NS frontend -- sh -c 'echo hello | timeout 5 nc -w 1 $backend_ip 8080' | grep -qx hello"
+  proxy=$(release_pod k8s-app=hbone-proxy) || fail "no running hbone-proxy pod"
+  metrics >"$work/before.prom" || fail "cannot scrape the proxy's metrics"
+  t0=$(date +%s%N)
+  out=$(kubectl exec -n "$AMBIENT_NS" frontend -- sh -c "
+    head -c $PAYLOAD /dev/urandom >/tmp/sent
+    timeout 30 nc -w 2 $backend_ip 8080 </tmp/sent >/tmp/echoed
+    echo \$(wc -c </tmp/sent) \$(wc -c </tmp/echoed) \$(md5sum </tmp/sent | cut -c1-12) \$(md5sum </tmp/echoed | cut -c1-12)
+  ") || fail "the app's transfer failed: $out"
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  read -r sent echoed sum_sent sum_echoed <<<"$out"
+  [ "$sent" = "$PAYLOAD" ] && [ "$echoed" = "$PAYLOAD" ] && [ "$sum_sent" = "$sum_echoed" ] ||
+    fail "sent $sent bytes (md5 $sum_sent), got $echoed back (md5 $sum_echoed)"
+  poll 30 got_metrics && break
+  now=$(release_pod k8s-app=hbone-proxy || true)
+  [ "$now" != "$proxy" ] && [ "$attempt" -lt 3 ] || {
+    begin 7 "the proxy's metrics"
+    fail "the proxy did not count $PAYLOAD bytes each way over mTLS from frontend to backend within 30s (proxy pod $proxy, now ${now:-none}; last error: $(tail -c 300 "$work/last.err"))"
+  }
+  say "      (the proxy pod $proxy was replaced during the transfer, by $now: once more)"
+done
 say "[6/$STEPS] traffic: $AMBIENT_NS/frontend app -> $backend_ip:8080 (backend's echo server), $((PAYLOAD / 1024)) KiB each way"
 detail "bytes: $sent sent, $echoed echoed back, md5 $sum_sent both ways (as the app counted them), in ${ms} ms (kubectl exec included)"
 
 # ---------------------------------------------------------------------------------------------------------------
 begin 7 "the proxy's metrics"
-# Both ends are the one proxy: the client side (reporter=source) and the server side of HBONE (reporter=destination).
-got_metrics() {
-  metrics >"$work/after.prom" || return 1
-  local r
-  for r in source destination; do
-    [ $(($(tcp_metric "$work/after.prom" istio_tcp_received_bytes_total $r) - $(tcp_metric "$work/before.prom" istio_tcp_received_bytes_total $r))) -ge "$PAYLOAD" ] || return 1
-    [ $(($(tcp_metric "$work/after.prom" istio_tcp_sent_bytes_total $r) - $(tcp_metric "$work/before.prom" istio_tcp_sent_bytes_total $r))) -ge "$PAYLOAD" ] || return 1
-  done
-}
-until_ok 30 "the proxy counted $PAYLOAD bytes each way over mTLS from frontend to backend" got_metrics
 say "[7/$STEPS] proxy $proxy metrics (:15020/metrics), HBONE with mTLS: $front_id -> $back_id"
 for r in source destination; do
   d() { echo $(($(tcp_metric "$work/after.prom" "$1" $r) - $(tcp_metric "$work/before.prom" "$1" $r))); }
