@@ -550,6 +550,24 @@ fn after_the_agent_kubelet_and_containerd_restart_every_pod_is_reconciled() {
     node.kubectl(&["scale", "deployment/steady", "-n", ns, "--replicas=3"]);
     let pods = ready_pods(&node, ns, "steady", 3);
     assert_enrolled(&node, ns, &pods);
+    assert_talk(&node, ns, &pods[1..]);
+    // Nothing leaked: the agent and the proxy each hold exactly the node's three ambient pods.
+    let (agent, proxy) = (node.agent_pod(), node.proxy_pod());
+    node.eventually_or(
+        "the agent and the proxy each hold exactly the three pods",
+        || {
+            let enrolled = release_metric(&node, &agent, 15014, "nodeagent_enrolled_pods");
+            let proxied = release_metric(&node, &proxy, 15020, "workload_manager_active_proxy_count");
+            (enrolled == 3.0 && proxied == 3.0).then_some(())
+        },
+        || {
+            format!(
+                "enrolled {}, proxied {}",
+                release_metric(&node, &agent, 15014, "nodeagent_enrolled_pods"),
+                release_metric(&node, &proxy, 15020, "workload_manager_active_proxy_count")
+            )
+        },
+    );
     node.delete_namespace(ns);
 }
 
@@ -561,10 +579,12 @@ fn a_pod_created_during_a_rollout_is_redirected_or_fails_closed() {
     node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
     echo_deployment(&node, ns, "churn", 1);
     ready_pods(&node, ns, "churn", 1);
-    node.kubectl(&["rollout", "restart", "daemonset/istio-cni-node", "-n", RELEASE_NAMESPACE]);
-    // Pods created while the agent is replaced: each ends up Running with its rules, or never starts unredirected.
+    node.kubectl(&["rollout", "restart", "daemonset/istio-cni-node", "daemonset/hbone-proxy", "-n", RELEASE_NAMESPACE]);
+    // Pods created while the agent and the proxy are replaced: each ends up Running with its rules, or never starts
+    // unredirected.
     node.kubectl(&["scale", "deployment/churn", "-n", ns, "--replicas=3"]);
     node.wait_rollout("istio-cni-node");
+    node.wait_rollout("hbone-proxy");
     let pods = ready_pods(&node, ns, "churn", 3);
     assert_enrolled(&node, ns, &pods);
     // Every container that ever ran in the namespace ran in a redirected pod: a pod whose ADD failed closed never
