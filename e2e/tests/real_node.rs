@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use istio_contract::names;
+use istio_contract::{names, ports};
 use serde_json::Value;
 use testbed::real_node::{RealNode, APP_IMAGE, NODE_NAME, RELEASE_NAMESPACE};
 
@@ -216,7 +216,7 @@ fn sidecar_pod_yaml(ns: &str) -> String {
             "annotations": {
                 names::SIDECAR_STATUS_ANNOTATION: status,
                 "kubectl.kubernetes.io/default-container": "app",
-                "prometheus.io/port": "15020",
+                "prometheus.io/port": ports::STATS.to_string(),
             },
         },
         "spec": {
@@ -227,10 +227,10 @@ fn sidecar_pod_yaml(ns: &str) -> String {
                 "imagePullPolicy": "Never",
                 "restartPolicy": "Always",
                 "args": ["proxy", "sidecar"],
-                "command": ["sh", "-c", format!("{}{}wait", listener(15001), listener(15006))],
+                "command": ["sh", "-c", format!("{}{}wait", listener(ports::OUTBOUND), listener(ports::INBOUND_PLAINTEXT))],
                 "securityContext": {"runAsUser": 1337, "runAsGroup": 1337, "runAsNonRoot": true, "allowPrivilegeEscalation": false},
                 "startupProbe": {
-                    "exec": {"command": ["sh", "-c", "netstat -ltn | grep -q ':15001 ' && netstat -ltn | grep -q ':15006 '"]},
+                    "exec": {"command": ["sh", "-c", format!("netstat -ltn | grep -q ':{} ' && netstat -ltn | grep -q ':{} '", ports::OUTBOUND, ports::INBOUND_PLAINTEXT)]},
                     "periodSeconds": 1,
                     "failureThreshold": 60,
                 },
@@ -257,14 +257,21 @@ fn a_sidecar_pod_is_redirected_before_its_app_sends_a_byte() {
     let ip = pod["status"]["podIP"].as_str().unwrap().to_string();
     // The app's very first connection, to an address nobody has, was answered by the proxy's outbound port.
     let app_log = node.kubectl(&["logs", "-n", ns, "web", "-c", "app"]);
-    assert!(app_log.contains("answered-by-15001"), "the app's first connection was not redirected: {app_log:?}");
+    let outbound = ports::OUTBOUND;
+    assert!(
+        app_log.contains(&format!("answered-by-{outbound}")),
+        "the app's first connection was not redirected: {app_log:?}"
+    );
     let proxy_log = node.kubectl(&["logs", "-n", ns, "web", "-c", "istio-proxy"]);
-    assert!(proxy_log.contains("15001 got: first-byte-from-app"), "{proxy_log:?}");
+    assert!(proxy_log.contains(&format!("{outbound} got: first-byte-from-app")), "{proxy_log:?}");
     // Inbound: a connection to the app's port from outside the pod lands on 15006.
     let out = node.in_node("sh", &["-c", &format!("echo inbound-hello | busybox timeout 10 busybox nc {ip} 8080")]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "answered-by-15006");
+    let inbound = ports::INBOUND_PLAINTEXT;
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("answered-by-{inbound}"));
     node.eventually("the proxy logged the inbound bytes", || {
-        node.kubectl(&["logs", "-n", ns, "web", "-c", "istio-proxy"]).contains("15006 got: inbound-hello").then_some(())
+        node.kubectl(&["logs", "-n", ns, "web", "-c", "istio-proxy"])
+            .contains(&format!("{inbound} got: inbound-hello"))
+            .then_some(())
     });
     let rules = pod_rules(&node, ns, "web");
     assert!(rules.contains("ISTIO_INBOUND") || rules.contains("istio-proxy-nat"), "{rules}");
@@ -307,7 +314,7 @@ fn assert_not_enrolled(node: &RealNode, ns: &str, pods: &[(String, String)]) {
 
 /// The hbone-proxy's count of HBONE connections it accepted with mTLS (the inbound side of pod-to-pod traffic).
 fn hbone_connections(node: &RealNode) -> f64 {
-    let page = scrape(node, &node.proxy_pod(), 15020);
+    let page = scrape(node, &node.proxy_pod(), ports::STATS);
     metric_sum(&page, "istio_tcp_connections_opened_total", &["connection_security_policy=\"mutual_tls\""])
 }
 
@@ -440,8 +447,8 @@ fn a_pod_deleted_by_the_kubelet_leaves_nothing_behind() {
     let (agent, proxy) = (node.agent_pod(), node.proxy_pod());
     let state = |node: &RealNode| {
         (
-            release_metric(node, &agent, 15014, "nodeagent_enrolled_pods"),
-            release_metric(node, &proxy, 15020, "workload_manager_active_proxy_count"),
+            release_metric(node, &agent, ports::CNI_MONITORING, "nodeagent_enrolled_pods"),
+            release_metric(node, &proxy, ports::STATS, "workload_manager_active_proxy_count"),
             sockets_of("hbone-proxy"),
             netns_handles("node-agent") + netns_handles("hbone-proxy"),
         )
@@ -556,15 +563,15 @@ fn after_the_agent_kubelet_and_containerd_restart_every_pod_is_reconciled() {
     node.eventually_or(
         "the agent and the proxy each hold exactly the three pods",
         || {
-            let enrolled = release_metric(&node, &agent, 15014, "nodeagent_enrolled_pods");
-            let proxied = release_metric(&node, &proxy, 15020, "workload_manager_active_proxy_count");
+            let enrolled = release_metric(&node, &agent, ports::CNI_MONITORING, "nodeagent_enrolled_pods");
+            let proxied = release_metric(&node, &proxy, ports::STATS, "workload_manager_active_proxy_count");
             (enrolled == 3.0 && proxied == 3.0).then_some(())
         },
         || {
             format!(
                 "enrolled {}, proxied {}",
-                release_metric(&node, &agent, 15014, "nodeagent_enrolled_pods"),
-                release_metric(&node, &proxy, 15020, "workload_manager_active_proxy_count")
+                release_metric(&node, &agent, ports::CNI_MONITORING, "nodeagent_enrolled_pods"),
+                release_metric(&node, &proxy, ports::STATS, "workload_manager_active_proxy_count")
             )
         },
     );

@@ -46,9 +46,10 @@ pub fn repo() -> PathBuf {
 
 /// The `helm install` settings of the real-node suite: Istio's ambient profile, our image from the node's
 /// containerd (never pulled), the bundled proxy with a trial CA. Everything else is Istio's default, including the
-/// iptables backend.
+/// iptables backend. `REAL_NODE_EXTRA_SETS` (`;`-separated `key=value`) adds settings to every install: a way to
+/// break the product on purpose and watch a scenario fail.
 pub fn install_sets() -> Vec<String> {
-    [
+    let mut sets: Vec<String> = [
         "profile=ambient",
         &format!("global.hub={HUB}"),
         &format!("global.tag={TAG}"),
@@ -58,7 +59,11 @@ pub fn install_sets() -> Vec<String> {
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
+    .collect();
+    if let Ok(extra) = std::env::var("REAL_NODE_EXTRA_SETS") {
+        sets.extend(extra.split(';').filter(|s| !s.is_empty()).map(str::to_string));
+    }
+    sets
 }
 
 /// A handle on the running real node.
