@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt as _;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
-use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteScope, RouteType};
+use rtnetlink::packet_route::route::{RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType};
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
@@ -209,7 +209,10 @@ async fn add_tproxy_routes(handle: &Handle, routes: TproxyRoutes, families: &[Fa
         let rule_text = format!("ip rule add fwmark {} lookup {}", routes.mark, routes.table);
         ensure_rule(handle, family, rule).await.map_err(err(rule_text))?;
         let route_text = format!("ip route add local default dev lo table {}", routes.table);
-        ensure_local_default(handle, family, routes.table).await.map_err(err(route_text))?;
+        // With the protocol `ip route add` gives it (`boot`), as Istio's plugin leaves it.
+        let mut route = local_default(family, routes.table);
+        route.header.protocol = RouteProtocol::Boot;
+        tolerate_exists(handle.route().add(route).execute().await).map_err(err(route_text))?;
     }
     Ok(())
 }

@@ -13,14 +13,16 @@ ISTIO_VERSION="${ISTIO_VERSION:-v0.0.0-20260827124520-eed52ebb66ad}"
 # What the binaries report as their version (Istio's Makefile sets it the same way).
 ISTIO_BUILD_VERSION="${ISTIO_BUILD_VERSION:-1.31-dev}"
 CACHE="${ISTIO_REF_CACHE:-/var/cache/istio-cni-rs/istio-ref}"
+ROOT="$CACHE/istio-$ISTIO_VERSION"
+OUT="$ROOT/bin"
+# Where the binaries are (or will be), for the tests: answered without touching anything.
+if [ "${1:-}" = bin-dir ]; then echo "$OUT"; exit 0; fi
 
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 # Go builds get their own caches, outside the clone and apart from any other Go work on the machine.
 export GOCACHE="${GOCACHE_ISTIO_REF:-$CACHE/go-build}" GOMODCACHE="${GOMODCACHE_ISTIO_REF:-$CACHE/go-mod}"
 mkdir -p "$CACHE" "$GOCACHE" "$GOMODCACHE"
 
-ROOT="$CACHE/istio-$ISTIO_VERSION"
-OUT="$ROOT/bin"
 log() { echo "istio-ref build: $*" >&2; }
 have_all() { local d=$1; shift; for b in "$@"; do [ -x "$d/$b" ] || return 1; done; }
 
@@ -81,6 +83,5 @@ build_pilot() {
 case "${1:-cni}" in
   cni) build_cni ;;
   pilot-discovery) build_pilot ;;
-  bin-dir) echo "$OUT" ;;
   *) echo "usage: $0 [cni|pilot-discovery|bin-dir]" >&2; exit 2 ;;
 esac
