@@ -614,16 +614,45 @@ fn explain_events_and_every_annotated_metrics_port_are_seen_from_outside() {
     echo_deployment(&node, ns, "seen", 1);
     let pods = ready_pods(&node, ns, "seen", 1);
     assert_enrolled(&node, ns, &pods);
-    let agent = node.agent_pod();
-    let (ok, text) = node.exec(
-        RELEASE_NAMESPACE,
-        &agent,
-        "node-agent",
-        &["node-agent", "explain", &format!("{ns}/{}", pods[0].0), "-o", "json"],
+    // A pod that opts out with its own label, beside the enrolled one.
+    node.apply(
+        &serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "out", "namespace": ns, "labels": {names::DATAPLANE_MODE_LABEL: "none"}},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": APP_IMAGE,
+                     "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]},
+        })
+        .to_string(),
     );
+    node.wait_ready(ns, "out");
+    let agent = node.agent_pod();
+    let explain = |pod: &str| {
+        node.exec(
+            RELEASE_NAMESPACE,
+            &agent,
+            "node-agent",
+            &["node-agent", "explain", &format!("{ns}/{pod}"), "-o", "json"],
+        )
+    };
+    // `kubectl exec … node-agent explain` tells the truth about each: the enrolled pod is in the mesh with its rules
+    // in sync and acked by the proxy, the opted-out pod is not and says why, a pod that is not there is an error.
+    let (ok, text) = explain(&pods[0].0);
     assert!(ok, "{text}");
     let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-    assert!(report.to_string().contains("enrolled") || report.to_string().contains("Enrolled"), "{report}");
+    assert_eq!(report["verdict"], "in mesh (ambient)", "{report}");
+    assert_eq!(report["mode"], "ambient", "{report}");
+    assert_eq!(report["ips"][0], pods[0].1.as_str(), "{report}");
+    assert_eq!(report["zds"]["state"], "acked", "{report}");
+    assert_eq!(report["rules"]["backend"], "iptables-nft", "{report}");
+    let (expected, found) = (&report["rules"]["expected"], &report["rules"]["found"]);
+    assert!(expected.as_array().is_some_and(|e| !e.is_empty()) && expected == found, "rules not in sync: {report}");
+    let (ok, text) = explain("out");
+    assert!(ok, "{text}");
+    let report: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(report["mode"], "none", "{report}");
+    assert!(report["verdict"].as_str().is_some_and(|v| v.starts_with("not in mesh") && v.contains("none")), "{report}");
+    let (ok, text) = explain("no-such-pod");
+    assert!(!ok && text.contains("not on this node"), "{text}");
     // Our Events, through the API: the repair controller in label mode (Istio's `repair.labelPods`) writes one on
     // a broken sidecar pod, whose `istio-validation` init container exited with Istio's code 126.
     node.helm_install(&["repair.repairPods=false", "repair.labelPods=true"]);

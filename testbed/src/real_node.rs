@@ -31,8 +31,12 @@ pub const HUB: &str = "localhost";
 pub const TAG: &str = "dev";
 /// The app image test pods run (Debian's static busybox: sh, nc, sleep, cat, …).
 pub const APP_IMAGE: &str = "localhost/mesh-app:dev";
-/// How long a real-node condition may take: pod starts, rollouts, a kubelet sync.
-pub const DEADLINE: Duration = Duration::from_secs(180);
+/// How long a real-node condition may take: pod starts, rollouts, a kubelet sync. `REAL_NODE_DEADLINE_SECS`
+/// shortens it for runs that break the product on purpose (every scenario is then expected to fail, quickly).
+pub fn deadline() -> Duration {
+    let secs = std::env::var("REAL_NODE_DEADLINE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(180);
+    Duration::from_secs(secs)
+}
 
 /// Where `scripts/cluster.sh` keeps the running node's files.
 pub fn state_dir() -> PathBuf {
@@ -168,7 +172,7 @@ impl RealNode {
     }
 
     /// Polls `probe` every 250 ms until it yields a value; panics naming `what` (and `context()`) after
-    /// [`DEADLINE`].
+    /// [`deadline`].
     #[track_caller]
     pub fn eventually<T>(&self, what: &str, probe: impl FnMut() -> Option<T>) -> T {
         self.eventually_or(what, probe, String::new)
@@ -187,8 +191,8 @@ impl RealNode {
             if let Some(v) = probe() {
                 return v;
             }
-            if start.elapsed() >= DEADLINE {
-                panic!("timed out after {DEADLINE:?} waiting until {what}\n{}", context());
+            if start.elapsed() >= deadline() {
+                panic!("timed out after {:?} waiting until {what}\n{}", deadline(), context());
             }
             std::thread::sleep(Duration::from_millis(250));
         }
