@@ -398,8 +398,10 @@ fn native_nftables_mode_enrolls_and_redirects_ambient_pods_too() {
     node.helm_install(&[]);
 }
 
-/// Open file descriptors of processes named `comm` that point at network namespaces.
-fn netns_handles(comm: &str) -> usize {
+/// Open file descriptors of processes named `comm` whose target starts with `kind` (`net:` for network namespace
+/// handles, `socket:` for sockets: the proxy's listeners inside each pod's netns are sockets, and a socket keeps its
+/// netns alive).
+fn descriptors_of(comm: &str, kind: &str) -> usize {
     let mut n = 0;
     for proc in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
         let Ok(name) = std::fs::read_to_string(proc.path().join("comm")) else { continue };
@@ -409,33 +411,25 @@ fn netns_handles(comm: &str) -> usize {
         let Ok(fds) = std::fs::read_dir(proc.path().join("fd")) else { continue };
         n += fds
             .filter_map(Result::ok)
-            .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().starts_with("net:")))
+            .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().starts_with(kind)))
             .count();
     }
     n
+}
+
+/// Network namespace handles held by processes named `comm`.
+fn netns_handles(comm: &str) -> usize {
+    descriptors_of(comm, "net:")
+}
+
+/// Sockets held by processes named `comm`.
+fn sockets_of(comm: &str) -> usize {
+    descriptors_of(comm, "socket:")
 }
 
 /// A gauge or counter of a release pod's metrics page (its annotated port), summed over series.
 fn release_metric(node: &RealNode, pod: &str, port: u16, name: &str) -> f64 {
     metric_sum(&scrape(node, pod, port), name, &[])
-}
-
-/// Socket descriptors held by processes named `comm` (the proxy's listeners inside each pod's netns are sockets,
-/// and a socket keeps its netns alive).
-fn sockets_of(comm: &str) -> usize {
-    let mut n = 0;
-    for proc in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
-        let Ok(name) = std::fs::read_to_string(proc.path().join("comm")) else { continue };
-        if name.trim() != comm {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(proc.path().join("fd")) else { continue };
-        n += fds
-            .filter_map(Result::ok)
-            .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
-            .count();
-    }
-    n
 }
 
 #[test]

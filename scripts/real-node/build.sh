@@ -3,7 +3,7 @@
 # binaries by version outside the clone (REAL_NODE_CACHE, default /var/cache/istio-cni-rs/real-node). A second run
 # finds every binary cached and returns at once. Test references only: nothing built here is shipped.
 #
-#   scripts/real-node/build.sh [k8s|etcd|crictl|cni|all]     (default all)
+#   scripts/real-node/build.sh [k8s|etcd|crictl|all|bin-dirs]     (default all)
 #
 # Versions are pinned here, in one place:
 #   Kubernetes  K8S_VERSION    (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy,
@@ -60,31 +60,23 @@ build_k8s() {
   log "kubernetes v$K8S_VERSION built into $out"
 }
 
-build_etcd() {
-  local out="$CACHE/etcd-v$ETCD_VERSION/bin"
-  if have_all "$out" etcd; then log "etcd v$ETCD_VERSION cached in $out"; return; fi
-  local src="$CACHE/etcd-v$ETCD_VERSION/wrapper"
+# build_single NAME VERSION PACKAGE: one static program whose main package is PACKAGE (at vVERSION), built in a
+# wrapper module of its own (a module with replace directives cannot be built with `go install pkg@version`).
+build_single() {
+  local name=$1 version=$2 pkg=$3
+  local out="$CACHE/$name-v$version/bin" src="$CACHE/$name-v$version/wrapper"
+  if have_all "$out" "$name"; then log "$name v$version cached in $out"; return; fi
   rm -rf "$src"; mkdir -p "$src"; cd "$src"
-  go mod init example.invalid/real-node/etcd >/dev/null 2>&1
-  go get -tool "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+  go mod init "example.invalid/real-node/$name" >/dev/null 2>&1
+  go get -tool "$pkg@v$version"
   mkdir -p "$out.tmp"
-  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out.tmp/$name" "$pkg"
   rm -rf "$out"; mv "$out.tmp" "$out"
-  log "etcd v$ETCD_VERSION built into $out"
+  log "$name v$version built into $out"
 }
 
-build_crictl() {
-  local out="$CACHE/crictl-v$CRICTL_VERSION/bin"
-  if have_all "$out" crictl; then log "crictl v$CRICTL_VERSION cached in $out"; return; fi
-  local src="$CACHE/crictl-v$CRICTL_VERSION/wrapper"
-  rm -rf "$src"; mkdir -p "$src"; cd "$src"
-  go mod init example.invalid/real-node/crictl >/dev/null 2>&1
-  go get -tool "sigs.k8s.io/cri-tools/cmd/crictl@v$CRICTL_VERSION"
-  mkdir -p "$out.tmp"
-  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out.tmp/crictl" sigs.k8s.io/cri-tools/cmd/crictl
-  rm -rf "$out"; mv "$out.tmp" "$out"
-  log "crictl v$CRICTL_VERSION built into $out"
-}
+build_etcd() { build_single etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3; }
+build_crictl() { build_single crictl "$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl; }
 
 # Prints the directories holding the built binaries (for PATH), one per line.
 bin_dirs() {
