@@ -210,16 +210,23 @@ impl RealNode {
     }
 
     /// Our chart installed with exactly [`install_sets`] (a test that changed a setting and failed before putting
-    /// it back leaves it changed: this puts it back), every DaemonSet rolled out.
+    /// it back leaves it changed: this puts it back), every DaemonSet rolled out. The values of the last install
+    /// with exactly these settings are kept in the state dir, keyed by the settings, and compared with the release's.
     #[track_caller]
     pub fn ensure_installed(&self) {
-        let defaults = self.state.join("default-values.json");
-        let want: Option<Value> = std::fs::read(&defaults).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+        let record = self.state.join("default-values.json");
+        let sets = install_sets();
+        let want: Option<Value> = std::fs::read(&record)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+            .filter(|r| r["sets"] == serde_json::json!(sets))
+            .map(|r| r["values"].clone());
         let have = self.release_values();
         if have.is_none() || have != want {
             self.helm_install(&[]);
             let values = self.release_values().expect("the release was just installed");
-            std::fs::write(&defaults, values.to_string()).expect("write the default values");
+            let record_json = serde_json::json!({"sets": sets, "values": values});
+            std::fs::write(&record, record_json.to_string()).expect("write the default values");
         }
         self.wait_rollout("istio-cni-node");
         self.wait_rollout("hbone-proxy");
