@@ -212,7 +212,17 @@ const CIDR_ANNOTATIONS: [&str; 2] = [names::INCLUDE_OUTBOUND_IP_RANGES, names::E
 ///   (`-t nat -A INPUT -p 255 -j RETURN`), which leaves an empty `nat` table (built-in chains, ACCEPT, no rules) in
 ///   each of them; we touch only the tables we program. Stripped from both dumps before comparing.
 /// - Port 0 is refused (code 7); Istio lets it through to a rule that matches nothing.
-fn intended(case: &Case, ours: &Outcome, istio: &Outcome) -> Option<&'static str> {
+/// - A failed ADD leaves no rules: where iptables refuses what Istio generated (`*` in an outbound port list), Istio
+///   keeps the tables it had already restored; ours refuses the pod before programming anything.
+fn intended(case: &Case, ours: &Outcome, istio: &Outcome, our_dump: &Dump) -> Option<&'static str> {
+    let programmed = |d: &Dump| d.text().contains("ISTIO") || d.text().contains("lookup 133");
+    if matches!((ours, istio), (Outcome::Refused { code: Some(_), .. }, Outcome::Refused { .. }))
+        && !programmed(our_dump)
+    {
+        return Some(
+            "Istio left the rules of its failed ADD behind (docs/plugin.md: a failed ADD leaves no partial rules)",
+        );
+    }
     let has_port_zero =
         PORT_ANNOTATIONS.iter().filter_map(|a| case.annotation(a)).any(|v| v.split(',').any(|p| p.trim() == "0"));
     match (ours, istio) {
@@ -238,6 +248,12 @@ enum Known {
     LenientCidrList,
     /// A port list with an empty item (`80,,90`, `80,`): Istio refuses the pod; ours skips the item.
     LenientPortList,
+    /// An interface list item that does not match `^[a-zA-Z][a-zA-Z0-9_.-]*$` after trimming (`a:b`, `x@y`,
+    /// `0eth`) or is empty: Istio refuses the pod; ours accepts `:` and `@`, a leading digit, and skips empty items.
+    LenientInterfaceName,
+    /// `*` in `excludeInboundPorts`, `includeOutboundPorts` or `excludeOutboundPorts`: Istio accepts it (every port
+    /// annotation takes the wildcard); ours refuses the pod.
+    WildcardPortList,
 }
 
 fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_dump: &Dump) -> Option<Known> {
@@ -249,10 +265,20 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
             return Some(Known::Ipv6Decision);
         }
     }
-    if !matches!((ours, istio), (Outcome::Added, Outcome::Refused { .. })) {
+    let our_msg = |needle: &str| matches!(ours, Outcome::Refused { msg, .. } if msg.contains(needle));
+    if matches!(istio, Outcome::Added)
+        && our_msg("\"*\"")
+        && PORT_ANNOTATIONS.iter().filter_map(|a| case.annotation(a)).any(|v| v == "*")
+    {
+        return Some(Known::WildcardPortList);
+    }
+    // The rest: Istio refuses, we add; Istio's message must name the reason.
+    let Outcome::Refused { msg: istio_msg, .. } = istio else { return None };
+    if *ours != Outcome::Added {
         return None;
     }
-    if case.annotation(names::INTERCEPTION_MODE) == Some("NONE") {
+    let istio_says = |needles: &[&str]| needles.iter().any(|n| istio_msg.contains(n));
+    if case.annotation(names::INTERCEPTION_MODE) == Some("NONE") && istio_says(&["interceptionMode invalid: NONE"]) {
         return Some(Known::InterceptionModeNone);
     }
     let go_cidr_ok = |item: &str| item == item.trim() && item.contains('/') && item.split('/').count() == 2;
@@ -260,6 +286,7 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
         .iter()
         .filter_map(|a| case.annotation(a))
         .any(|v| v != "*" && !v.is_empty() && v.split(',').any(|i| !go_cidr_ok(i)))
+        && istio_says(&["failed parsing cidr"])
     {
         return Some(Known::LenientCidrList);
     }
@@ -267,8 +294,22 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
         .iter()
         .filter_map(|a| case.annotation(a))
         .any(|v| v != "*" && !v.trim().is_empty() && v.trim().split(',').any(|i| i.trim().is_empty()))
+        && istio_says(&["failed parsing port \"\""])
     {
         return Some(Known::LenientPortList);
+    }
+    let go_interface_ok = |item: &str| {
+        let item = item.trim();
+        item.starts_with(|c: char| c.is_ascii_alphabetic())
+            && item.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+    };
+    if [names::EXCLUDE_INTERFACES, names::REROUTE_VIRTUAL_INTERFACES, names::KUBEVIRT_INTERFACES]
+        .iter()
+        .filter_map(|a| case.annotation(a))
+        .any(|v| !v.is_empty() && v.split(',').any(|i| !go_interface_ok(i)))
+        && istio_says(&["contains invalid characters", "empty interface name"])
+    {
+        return Some(Known::LenientInterfaceName);
     }
     None
 }
@@ -345,7 +386,7 @@ fn one(b: &Bench, i: usize, case: &Case, tally: &std::sync::Mutex<Tally>) {
         }
         _ => {}
     }
-    if let Some(reason) = intended(case, &ours, &istio) {
+    if let Some(reason) = intended(case, &ours, &istio, &our_dump) {
         t.intended += 1;
         eprintln!("intended difference, {what}: {reason}");
         return;
@@ -443,4 +484,159 @@ fn hand_picked_sidecar_pods_get_istios_rules_or_istios_refusal() {
     let Some(istio) = istio_plugin() else { return };
     let b = Bench::new(&istio);
     assert_none(differential(&b, &hand_picked()));
+}
+
+/// A deterministic generator (Knuth's MMIX LCG): the same seed, the same pods, so a failure replays.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+
+    /// True with probability `percent`/100.
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[self.below(from.len() as u64) as usize]
+    }
+
+    /// 1 to `max` items drawn by `item`, joined with `,`.
+    fn list(&mut self, max: u64, mut item: impl FnMut(&mut Self) -> String) -> String {
+        let n = 1 + self.below(max);
+        (0..n).map(|_| item(self)).collect::<Vec<_>>().join(",")
+    }
+}
+
+fn port(r: &mut Lcg) -> String {
+    if r.chance(30) {
+        (1 + r.below(65535)).to_string()
+    } else {
+        r.pick(&["80", "443", "8080", "9090", "15001", "15006", "15008", "15020", "15021", "15090", "3306", "53"])
+            .into()
+    }
+}
+
+/// A port annotation value: mostly a valid list, sometimes `*`, empty, or malformed.
+fn ports(r: &mut Lcg, wildcard: bool) -> String {
+    match r.below(100) {
+        0..=79 => r.list(4, port),
+        80..=86 if wildcard => "*".into(),
+        87..=89 => String::new(),
+        _ => {
+            let bad = r.pick(&["0", "65536", "http", " 80", "80 ", "-1", "+80", "0x50", "80,", ",80", "80,,90", "1e3"]);
+            format!("{},{bad}", r.list(2, port))
+        }
+    }
+}
+
+fn cidr(r: &mut Lcg) -> String {
+    match r.below(10) {
+        0..=2 => format!("10.{}.0.0/16", r.below(256)),
+        3 => format!("192.168.{}.0/24", r.below(256)),
+        4 => format!("fd{:02x}::/16", r.below(256)),
+        _ => r
+            .pick(&["10.96.0.0/12", "172.16.0.0/12", "169.254.169.254/32", "0.0.0.0/0", "2001:db8::/32", "::/0"])
+            .into(),
+    }
+}
+
+/// An IP range annotation value: mostly a valid list, sometimes `*`, empty, or malformed.
+fn cidrs(r: &mut Lcg, wildcard: bool) -> String {
+    match r.below(100) {
+        0..=79 => r.list(3, cidr),
+        80..=86 if wildcard => "*".into(),
+        87..=89 => String::new(),
+        _ => {
+            let bad = r.pick(&["10.1.2.3", " 10.0.0.0/8", "10.0.0.0/33", "10.0.0.0/8,", "300.0.0.0/8", "fd00::/129"]);
+            format!("{},{bad}", r.list(2, cidr))
+        }
+    }
+}
+
+/// An interface list: mostly valid names, sometimes too long or with a forbidden byte.
+fn interfaces(r: &mut Lcg) -> String {
+    let name = |r: &mut Lcg| {
+        if r.chance(95) {
+            r.pick(&["eth1", "net1", "tap0", "k6t-eth0", "veth_a", "en0.100", "wg0", "a:b", "x@y"]).to_string()
+        } else {
+            r.pick(&["abcdefghijklmnop", "eth0;x", "eth 0", ""]).to_string()
+        }
+    };
+    r.list(3, name)
+}
+
+/// A generated sidecar pod: every annotation and proxy setting the plugin reads, each present or not.
+fn generated(r: &mut Lcg) -> Case {
+    let mut pod = sidecar_pod(NS, "x");
+    let mut what = Vec::new();
+    let set = |pod: &mut Value, key: &str, value: String, what: &mut Vec<String>| {
+        what.push(format!("{key}={value:?}"));
+        pod["metadata"]["annotations"][key] = json!(value);
+    };
+    if r.chance(40) {
+        let mode = if r.chance(95) { r.pick(&["REDIRECT", "TPROXY"]) } else { r.pick(&["NONE", "redirect", ""]) };
+        set(&mut pod, names::INTERCEPTION_MODE, mode.into(), &mut what);
+    }
+    for (key, wildcard, percent) in [
+        (names::INCLUDE_INBOUND_PORTS, true, 30),
+        (names::EXCLUDE_INBOUND_PORTS, true, 30),
+        (names::INCLUDE_OUTBOUND_PORTS, true, 20),
+        (names::EXCLUDE_OUTBOUND_PORTS, true, 30),
+    ] {
+        if r.chance(percent) {
+            let v = ports(r, wildcard);
+            set(&mut pod, key, v, &mut what);
+        }
+    }
+    for (key, wildcard) in [(names::INCLUDE_OUTBOUND_IP_RANGES, true), (names::EXCLUDE_OUTBOUND_IP_RANGES, false)] {
+        if r.chance(30) {
+            let v = cidrs(r, wildcard);
+            set(&mut pod, key, v, &mut what);
+        }
+    }
+    for key in [names::EXCLUDE_INTERFACES, names::REROUTE_VIRTUAL_INTERFACES, names::KUBEVIRT_INTERFACES] {
+        if r.chance(15) {
+            let v = interfaces(r);
+            set(&mut pod, key, v, &mut what);
+        }
+    }
+    for key in ["runAsUser", "runAsGroup"] {
+        if r.chance(25) {
+            let id = match r.below(10) {
+                0 => 0,
+                1 => 1337,
+                _ => 1 + r.below(70000) as i64,
+            };
+            what.push(format!("{key}={id}"));
+            pod = proxy_security(pod, key, id);
+        }
+    }
+    for (key, percent) in [("ISTIO_META_DNS_CAPTURE", 30), ("INVALID_DROP", 15), ("ISTIO_DUAL_STACK", 15)] {
+        if r.chance(percent) {
+            let v = if r.chance(90) { r.pick(&["true", "false"]) } else { r.pick(&["1", "yes", "TRUE", ""]) };
+            what.push(format!("{key}={v:?}"));
+            pod = proxy_env(pod, key, v);
+        }
+    }
+    let dual_stack = r.chance(25);
+    Case { what: what.join(" "), pod, dual_stack }
+}
+
+#[test]
+fn generated_sidecar_pods_get_istios_rules_or_istios_refusal() {
+    let Some(istio) = istio_plugin() else { return };
+    let n: usize = std::env::var("ISTIO_DIFF_PODS").ok().and_then(|n| n.parse().ok()).unwrap_or(500);
+    let seed = std::env::var("ISTIO_DIFF_SEED")
+        .ok()
+        .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0x1529);
+    eprintln!("seed 0x{seed:x} (ISTIO_DIFF_SEED), {n} pods (ISTIO_DIFF_PODS)");
+    let mut r = Lcg(seed);
+    let cases: Vec<Case> = (0..n).map(|_| generated(&mut r)).collect();
+    let b = Bench::new(&istio);
+    assert_none(differential(&b, &cases));
 }

@@ -292,7 +292,10 @@ pub fn build(cfg: &SidecarConfig) -> Plan {
     Plan {
         v4: RuleSet::from_rules(Family::V4, b.v4),
         v6: b.v6.map(|rules| RuleSet::from_rules(Family::V6, rules)),
-        tproxy_routes: tproxy.then_some(TproxyRoutes { mark: cfg.tproxy_mark, table: cfg.tproxy_route_table }),
+        // As istio-iptables: the routes that deliver TPROXY's marked packets locally only when inbound traffic is
+        // captured at all.
+        tproxy_routes: (tproxy && cfg.inbound_ports_include != PortSpec::List(Vec::new()))
+            .then_some(TproxyRoutes { mark: cfg.tproxy_mark, table: cfg.tproxy_route_table }),
     }
 }
 

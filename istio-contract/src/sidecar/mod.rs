@@ -135,8 +135,10 @@ pub fn settings(pod: &PodInfo, pod_has_ipv6: bool) -> Result<SidecarConfig, Sett
         Some("TPROXY") => InterceptMode::Tproxy,
         Some(other) => return Err(invalid(INTERCEPTION_MODE, other, "expected REDIRECT, TPROXY or NONE")),
     };
-    let mut inbound_exclude = port_list(pod, EXCLUDE_INBOUND_PORTS, "15020")?;
-    for p in ALWAYS_EXCLUDED_INBOUND {
+    // Istio's plugin appends the sidecar's own ports and then drops repeats (the first one stays), so a port
+    // named twice gets one rule.
+    let mut inbound_exclude = Vec::new();
+    for p in port_list(pod, EXCLUDE_INBOUND_PORTS, "15020")?.into_iter().chain(ALWAYS_EXCLUDED_INBOUND) {
         if !inbound_exclude.contains(&p) {
             inbound_exclude.push(p);
         }
