@@ -11,7 +11,8 @@
 //! [`intended`] with their reason; nothing else may differ.
 //!
 //! Without Istio's binaries the tests print `SKIPPED: ...` and pass, unless `ISTIO_REF_REQUIRED=1`.
-//! `ISTIO_DIFF_PODS` sets the number of generated pods (default 500), `ISTIO_DIFF_SEED` the seed.
+//! `ISTIO_DIFF_PODS` sets the number of generated pods for iptables (default 500), `ISTIO_DIFF_NFT_PODS` for native
+//! nftables (default 200), `ISTIO_DIFF_SEED` the seed (hex), `ISTIO_DIFF_JOBS` the pods run at once (default 2).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,16 +48,18 @@ fn istio_plugin() -> Option<PathBuf> {
 struct Bench {
     c: Cluster,
     v6_subnet: String,
+    native_nftables: bool,
 }
 
 impl Bench {
-    fn new(istio: &Path) -> Self {
+    /// With `native_nftables` false, no backend override: both plugins pick the iptables flavour themselves (nft in
+    /// a fresh pod netns). With it, both get `native_nftables: true`.
+    fn new(istio: &Path, native_nftables: bool) -> Self {
         let mut c = Cluster::new();
-        // No backend override: both plugins pick the iptables flavour themselves (nft in a fresh pod netns).
-        c.plugin_overrides = json!({});
+        c.plugin_overrides = if native_nftables { json!({ "native_nftables": true }) } else { json!({}) };
         c.node.install_plugin(ISTIO_TYPE, istio);
         let v6_subnet = format!("fd00:{:x}:{:x}::/64", std::process::id() % 0xffff, c.node.gateway().octets()[2]);
-        Self { c, v6_subnet }
+        Self { c, v6_subnet, native_nftables }
     }
 
     fn conflist(&self, istio: bool, dual_stack: bool) -> NetworkConfigList {
@@ -82,7 +85,7 @@ impl Bench {
             Err(RuntimeError::Plugin(e)) => Outcome::Refused { plugin: e.plugin.clone(), code: e.code, msg: e.msg },
             Err(e) => panic!("ADD of {name} through {}: {e}", list.plugins[1]["type"]),
         };
-        let state = dump(&netns);
+        let state = dump(&netns, self.native_nftables);
         if let Err(e) = self.c.node.runtime().del(&list, &conf) {
             panic!("DEL of {name}: {e}");
         }
@@ -98,23 +101,64 @@ enum Outcome {
 
 /// Everything either plugin may change in the pod netns, in one exec, by section (`iptables-nft-save`,
 /// `ip6tables-nft-save`, the legacy pair, `ip rule`, `ip -6 rule`, TPROXY's table 133 of each family and the
-/// addresses on `lo`), each normalized ([`normalize`]).
-fn dump(ns: &NetnsGuard) -> Dump {
-    const SCRIPT: &str = "for t in iptables-nft-save ip6tables-nft-save iptables-legacy-save ip6tables-legacy-save; \
-        do echo \"## $t\"; $t; done; \
+/// addresses on `lo`), each normalized ([`normalize`]). With `nft`, the whole `nft list ruleset` (normalized by
+/// [`normalize_nft`]) instead of the `iptables-nft-save` pair.
+fn dump(ns: &NetnsGuard, nft: bool) -> Dump {
+    const IPTABLES: &str = "for t in iptables-nft-save ip6tables-nft-save; do echo \"## $t\"; $t; done; ";
+    const NFT: &str = "echo '## nft'; nft list ruleset; ";
+    const SCRIPT: &str = "for t in iptables-legacy-save ip6tables-legacy-save; do echo \"## $t\"; $t; done; \
         echo '## ip rule'; ip rule show; echo '## ip -6 rule'; ip -6 rule show; \
         echo '## route 133'; ip -d route show table 133; echo '## route6 133'; ip -d -6 route show table 133; \
         echo '## lo'; ip -o -4 addr show dev lo | awk '{print $3, $4}'; \
         echo '## lo6'; ip -o -6 addr show dev lo | awk '{print $3, $4}'";
-    let out = ns.exec(&["sh", "-c", SCRIPT]);
+    let script = format!("{}{SCRIPT}", if nft { NFT } else { IPTABLES });
+    let out = ns.exec(&["sh", "-c", &script]);
     assert!(out.status.success(), "dump in {}: {}", ns.name(), String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     let mut sections = BTreeMap::new();
     for part in text.split("## ").filter(|p| !p.is_empty()) {
         let (name, body) = part.split_once('\n').unwrap_or((part, ""));
-        sections.insert(name.to_string(), normalize(body));
+        let body = if name == "nft" { normalize_nft(body) } else { normalize(body) };
+        sections.insert(name.to_string(), body);
     }
     Dump(sections)
+}
+
+/// `nft list ruleset` with counter values dropped and, within each table, its chains and sets in name order (rules
+/// keep their order within a chain); tables in name order.
+fn normalize_nft(dump: &str) -> String {
+    let mut tables: Vec<(String, Vec<Vec<String>>)> = Vec::new();
+    let mut block: Option<Vec<String>> = None;
+    for line in dump.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        // "counter packets N bytes M" -> "counter"
+        let kept = words.iter().enumerate().filter(|(i, w)| {
+            !(matches!(**w, "packets" | "bytes") || *i > 0 && matches!(words[i - 1], "packets" | "bytes"))
+        });
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let line = format!("{indent}{}", kept.map(|(_, w)| *w).collect::<Vec<_>>().join(" "));
+        if line.starts_with("table ") {
+            tables.push((line, Vec::new()));
+        } else if line == "}" {
+            // end of the table
+        } else if let Some(b) = block.as_mut() {
+            b.push(line.clone());
+            if line.trim() == "}" && line.starts_with("\t}") && !line.starts_with("\t\t") {
+                tables.last_mut().unwrap().1.push(block.take().unwrap());
+            }
+        } else {
+            block = Some(vec![line]);
+        }
+    }
+    tables.sort();
+    let mut out = Vec::new();
+    for (header, mut blocks) in tables {
+        blocks.sort();
+        out.push(header);
+        out.extend(blocks.into_iter().flatten());
+        out.push("}".into());
+    }
+    out.join("\n")
 }
 
 /// A netns's state by section; IPv6 sections are those named `ip6…`, `… -6 …`, `route6 …` and `lo6`.
@@ -127,8 +171,61 @@ impl Dump {
     }
 
     /// Only the IPv4 sections.
+    /// Only the IPv4 sections; in the nft ruleset, the rules that name no IPv6 address.
     fn v4(&self) -> Dump {
-        Dump(self.0.iter().filter(|(k, _)| !Self::is_v6(k)).map(|(k, v)| (k.clone(), v.clone())).collect())
+        let v4_lines = |v: &str| v.lines().filter(|l| !l.contains("ip6 ")).collect::<Vec<_>>().join("\n");
+        Dump(
+            self.0
+                .iter()
+                .filter(|(k, _)| !Self::is_v6(k))
+                .map(|(k, v)| (k.clone(), if k == "nft" { v4_lines(v) } else { v.clone() }))
+                .collect(),
+        )
+    }
+
+    /// Every section's lines sorted: the same rules in any order (Istio's nft layout orders a chain's RETURN rules
+    /// differently with and without IPv6).
+    fn sorted(&self) -> Dump {
+        let sorted = |v: &String| {
+            let mut lines: Vec<&str> = v.lines().collect();
+            lines.sort_unstable();
+            lines.join("\n")
+        };
+        Dump(self.0.iter().map(|(k, v)| (k.clone(), sorted(v))).collect())
+    }
+
+    /// Whether IPv6 rules were programmed.
+    fn has_v6_rules(&self) -> bool {
+        self.0.get("ip6tables-nft-save").is_some_and(|t| t.contains("ISTIO"))
+            || self.0.get("nft").is_some_and(|t| t.contains("ip6 "))
+    }
+
+    /// The nft ruleset with each rule's words in a canonical order and `X != { a, b }` spelled `X != a X != b`:
+    /// equal when the rules are the same conjunctions of the same matches, in whatever order nft prints them.
+    fn nft_matches(&self) -> Dump {
+        let canonical = |rule: &str| {
+            let mut words: Vec<String> = Vec::new();
+            let mut rest = rule.split_whitespace().peekable();
+            while let Some(w) = rest.next() {
+                if w == "{" && words.len() >= 3 && words[words.len() - 1] == "!=" {
+                    let prefix: Vec<String> = words.split_off(words.len() - 3);
+                    for item in rest.by_ref().take_while(|w| *w != "}") {
+                        words.extend(prefix.iter().cloned());
+                        words.push(item.trim_end_matches(',').to_string());
+                    }
+                } else {
+                    words.push(w.to_string());
+                }
+            }
+            words.sort();
+            words.join(" ")
+        };
+        let nft = self.0.get("nft").map(|v| v.lines().map(canonical).collect::<Vec<_>>().join("\n"));
+        let mut d = self.clone();
+        if let Some(nft) = nft {
+            d.0.insert("nft".into(), nft);
+        }
+        d
     }
 
     /// Without the tables Istio's iptables detection leaves behind: a `nat` table holding only its built-in
@@ -254,15 +351,34 @@ enum Known {
     /// `*` in `excludeInboundPorts`, `includeOutboundPorts` or `excludeOutboundPorts`: Istio accepts it (every port
     /// annotation takes the wildcard); ours refuses the pod.
     WildcardPortList,
+    /// Native nftables: the same rules with their matches in another order (`iifname "lo" meta l4proto tcp` against
+    /// our `meta l4proto tcp iifname "lo"`), or a set (`tcp dport != { 53, 15008 }`) spelled as two matches.
+    NftMatchOrder,
+    /// Native nftables with `INVALID_DROP=true`: Istio drops invalid TCP only (`meta l4proto tcp ct state invalid`);
+    /// ours every protocol (`ct state invalid`), as both do with iptables.
+    NftInvalidDropTcpOnly,
 }
 
 fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_dump: &Dump) -> Option<Known> {
     let dual_env = case.proxy_env("ISTIO_DUAL_STACK").is_some_and(|v| go_bool(v) == Some(true));
-    if (case.dual_stack || dual_env) && ours == istio && *ours == Outcome::Added && ours_dump.v4() == istio_dump.v4() {
-        let v6_rules = |d: &Dump| d.0.get("ip6tables-nft-save").is_some_and(|t| t.contains("ISTIO"));
+    if (case.dual_stack || dual_env)
+        && ours == istio
+        && *ours == Outcome::Added
+        && ours_dump.v4().nft_matches().sorted() == nft_invalid_drop_as_ours(istio_dump).v4().nft_matches().sorted()
+    {
         // Istio: the pod's first address is IPv4 here, so IPv6 rules only with ISTIO_DUAL_STACK and an address.
-        if v6_rules(istio_dump) == (case.dual_stack && dual_env) && v6_rules(ours_dump) {
+        if istio_dump.has_v6_rules() == (case.dual_stack && dual_env) && ours_dump.has_v6_rules() {
             return Some(Known::Ipv6Decision);
+        }
+    }
+    if ours == istio && *ours == Outcome::Added && ours_dump.0.contains_key("nft") {
+        let (o, i) = (ours_dump.nft_matches(), istio_dump.nft_matches());
+        if o == i {
+            return Some(Known::NftMatchOrder);
+        }
+        let i = nft_invalid_drop_as_ours(istio_dump).nft_matches();
+        if case.proxy_env("INVALID_DROP").and_then(go_bool) == Some(true) && i == o {
+            return Some(Known::NftInvalidDropTcpOnly);
         }
     }
     let our_msg = |needle: &str| matches!(ours, Outcome::Refused { msg, .. } if msg.contains(needle));
@@ -312,6 +428,13 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
         return Some(Known::LenientInterfaceName);
     }
     None
+}
+
+/// Istio's nft dump with its TCP-only invalid drop spelled as ours ([`Known::NftInvalidDropTcpOnly`]), so a pod that
+/// also differs in another known way is compared on the rest.
+fn nft_invalid_drop_as_ours(d: &Dump) -> Dump {
+    let ours = |v: &String| v.replace("meta l4proto tcp ct state invalid", "ct state invalid");
+    Dump(d.0.iter().map(|(k, v)| (k.clone(), if k == "nft" { ours(v) } else { v.clone() })).collect())
 }
 
 /// Go's `strconv.ParseBool`.
@@ -482,7 +605,7 @@ fn hand_picked() -> Vec<Case> {
 #[test]
 fn hand_picked_sidecar_pods_get_istios_rules_or_istios_refusal() {
     let Some(istio) = istio_plugin() else { return };
-    let b = Bench::new(&istio);
+    let b = Bench::new(&istio, false);
     assert_none(differential(&b, &hand_picked()));
 }
 
@@ -626,17 +749,40 @@ fn generated(r: &mut Lcg) -> Case {
     Case { what: what.join(" "), pod, dual_stack }
 }
 
-#[test]
-fn generated_sidecar_pods_get_istios_rules_or_istios_refusal() {
-    let Some(istio) = istio_plugin() else { return };
-    let n: usize = std::env::var("ISTIO_DIFF_PODS").ok().and_then(|n| n.parse().ok()).unwrap_or(500);
+/// `n` generated pods from `ISTIO_DIFF_SEED` (default 0x1529).
+fn generated_cases(n: usize) -> Vec<Case> {
     let seed = std::env::var("ISTIO_DIFF_SEED")
         .ok()
         .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
         .unwrap_or(0x1529);
-    eprintln!("seed 0x{seed:x} (ISTIO_DIFF_SEED), {n} pods (ISTIO_DIFF_PODS)");
+    eprintln!("seed 0x{seed:x} (ISTIO_DIFF_SEED), {n} pods");
     let mut r = Lcg(seed);
-    let cases: Vec<Case> = (0..n).map(|_| generated(&mut r)).collect();
-    let b = Bench::new(&istio);
+    (0..n).map(|_| generated(&mut r)).collect()
+}
+
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|n| n.parse().ok()).unwrap_or(default)
+}
+
+#[test]
+fn generated_sidecar_pods_get_istios_rules_or_istios_refusal() {
+    let Some(istio) = istio_plugin() else { return };
+    let cases = generated_cases(env_count("ISTIO_DIFF_PODS", 500));
+    let b = Bench::new(&istio, false);
     assert_none(differential(&b, &cases));
+}
+
+#[test]
+fn generated_sidecar_pods_get_istios_native_nftables_rules_or_istios_refusal() {
+    let Some(istio) = istio_plugin() else { return };
+    let cases = generated_cases(env_count("ISTIO_DIFF_NFT_PODS", 200));
+    let b = Bench::new(&istio, true);
+    assert_none(differential(&b, &cases));
+}
+
+#[test]
+fn hand_picked_sidecar_pods_get_istios_native_nftables_rules_or_istios_refusal() {
+    let Some(istio) = istio_plugin() else { return };
+    let b = Bench::new(&istio, true);
+    assert_none(differential(&b, &hand_picked()));
 }
