@@ -309,6 +309,8 @@ const CIDR_ANNOTATIONS: [&str; 2] = [names::INCLUDE_OUTBOUND_IP_RANGES, names::E
 ///   (`-t nat -A INPUT -p 255 -j RETURN`), which leaves an empty `nat` table (built-in chains, ACCEPT, no rules) in
 ///   each of them; we touch only the tables we program. Stripped from both dumps before comparing.
 /// - Port 0 is refused (code 7); Istio lets it through to a rule that matches nothing.
+/// - A proxy uid or gid of 4294967295 (`(uid_t) -1`) is refused (code 7); Istio's native nftables programs an owner
+///   match no process can meet (its iptables refuses it too).
 /// - A failed ADD leaves no rules: where iptables refuses what Istio generated (`*` in an outbound port list), Istio
 ///   keeps the tables it had already restored; ours refuses the pod before programming anything.
 fn intended(case: &Case, ours: &Outcome, istio: &Outcome, our_dump: &Dump) -> Option<&'static str> {
@@ -323,6 +325,9 @@ fn intended(case: &Case, ours: &Outcome, istio: &Outcome, our_dump: &Dump) -> Op
     let has_port_zero =
         PORT_ANNOTATIONS.iter().filter_map(|a| case.annotation(a)).any(|v| v.split(',').any(|p| p.trim() == "0"));
     match (ours, istio) {
+        (Outcome::Refused { code: Some(7), msg, .. }, Outcome::Added) if msg.contains("outside 0..=4294967294") => {
+            Some("uid/gid 4294967295, (uid_t) -1, is refused (docs/plugin.md); Istio's nft takes it, its iptables not")
+        }
         (Outcome::Refused { code: Some(7), .. }, Outcome::Added) if has_port_zero => {
             Some("port 0 is refused (docs/plugin.md: no connection can use it, a rule naming it matches nothing)")
         }
@@ -585,6 +590,30 @@ fn hand_picked() -> Vec<Case> {
         case("interface name 16 bytes", a(names::EXCLUDE_INTERFACES, "abcdefghijklmnop")),
         case("interface name with a space", a(names::EXCLUDE_INTERFACES, "eth0 -j ACCEPT")),
     ];
+    // Pods that pass through untouched, and proxy ids no uid can have.
+    let mut no_status = p();
+    no_status["metadata"]["annotations"].as_object_mut().unwrap().remove(names::SIDECAR_STATUS_ANNOTATION);
+    cases.push(case("no sidecar status", no_status));
+    cases.push(case("inject annotation false", a(names::SIDECAR_INJECT, "false")));
+    let mut label_false = a(names::SIDECAR_INJECT, "true");
+    label_false["metadata"]["labels"] = json!({ names::SIDECAR_INJECT: "false" });
+    cases.push(case("inject label false wins", label_false));
+    cases.push(case("DISABLE_ENVOY", proxy_env(p(), "DISABLE_ENVOY", "true")));
+    let mut init = p();
+    init["spec"]["initContainers"] = json!([{ "name": names::INIT_CONTAINER, "image": "proxyv2" }]);
+    cases.push(case("istio-init present", init));
+    let mut router = p();
+    router["spec"]["containers"][1]["args"] = json!(["proxy", "router"]);
+    cases.push(case("proxy type router", router));
+    let mut native = p();
+    let proxy = native["spec"]["containers"].as_array_mut().unwrap().remove(1);
+    native["spec"]["initContainers"] = json!([proxy]);
+    native["spec"]["initContainers"][0]["restartPolicy"] = json!("Always");
+    cases.push(case("native sidecar", native));
+    for id in [-1, 4294967295, 4294967296] {
+        cases.push(case(&format!("runAsUser {id}"), proxy_security(p(), "runAsUser", id)));
+        cases.push(case(&format!("runAsGroup {id}"), proxy_security(p(), "runAsGroup", id)));
+    }
     let mut v6 = case("IPv6 address", p());
     v6.dual_stack = true;
     cases.push(v6);
