@@ -14,6 +14,13 @@ if [ "$real_node" != 0 ]; then
   scripts/real-node/build.sh all
   export REAL_NODE_REQUIRED=1
 fi
+# Istio's own istio-cni and install-cni (scripts/istio-ref/build.sh: the pinned istio.io/istio module, cached; about
+# 4 minutes cold): e2e/tests/istio_differential.rs runs generated pods through Istio's plugin and ours and compares
+# the rules. ISTIO_REF=0 skips it.
+if [ "${ISTIO_REF:-1}" != 0 ]; then
+  scripts/istio-ref/build.sh
+  export ISTIO_REF_REQUIRED=1
+fi
 log=$(mktemp)
 soak_log=$(mktemp)
 soak_pid=
