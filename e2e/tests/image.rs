@@ -37,6 +37,18 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// `podman run --detach --name NAME` as the chart runs our containers: no network, a read-only root, every
+/// capability dropped (then `extra`), root inside, and open-file and process limits a container may set here.
+fn confined_run(name: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> =
+        ["run", "--detach", "--name", name, "--network", "none", "--read-only", "--cap-drop", "all"]
+            .map(String::from)
+            .into();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--user", "0:0", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"].map(String::from));
+    args
+}
+
 /// Runs `cmd` with piped output, killing it when `deadline` passes; panics saying what timed out.
 fn run(mut cmd: Command, deadline: Duration) -> Output {
     let what = format!("{:?}", cmd.get_program());
@@ -126,27 +138,7 @@ fn scratch_image_installs_and_chains_the_plugin_then_uninstalls_on_stop() {
     );
     let name = format!("install-cni-{}", std::process::id());
     let volume = |host: &Path, container: &str| format!("{}:{container}", host.display());
-    let mut args: Vec<String> = [
-        "run",
-        "--detach",
-        "--name",
-        &name,
-        "--network",
-        "none",
-        "--read-only",
-        "--cap-drop",
-        "all",
-        "--security-opt",
-        "no-new-privileges",
-        "--user",
-        "0:0",
-        "--ulimit",
-        "nofile=4096:4096",
-        "--ulimit",
-        "nproc=4096:4096",
-    ]
-    .map(String::from)
-    .into();
+    let mut args = confined_run(&name, &["--security-opt", "no-new-privileges"]);
     for (host_dir, mount) in [
         (&bin, "/host/opt/cni/bin"),
         (&net_d, "/host/etc/cni/net.d"),
@@ -293,28 +285,8 @@ fn the_images_node_agent_programs_rules_with_the_images_iptables_nft_and_legacy(
 
     for (flavour, force) in [("nft", None), ("legacy", Some("iptables-legacy"))] {
         let name = format!("node-agent-{}-{flavour}", std::process::id());
-        let mut args: Vec<String> = [
-            "run",
-            "--detach",
-            "--name",
-            &name,
-            "--network",
-            "none",
-            "--read-only",
-            "--read-only-tmpfs=false",
-            "--cap-drop",
-            "all",
-            "--cap-add",
-            "NET_ADMIN,NET_RAW,SYS_ADMIN,SYS_PTRACE",
-            "--user",
-            "0:0",
-            "--ulimit",
-            "nofile=4096:4096",
-            "--ulimit",
-            "nproc=4096:4096",
-        ]
-        .map(String::from)
-        .into();
+        let mut args =
+            confined_run(&name, &["--read-only-tmpfs=false", "--cap-add", "NET_ADMIN,NET_RAW,SYS_ADMIN,SYS_PTRACE"]);
         for (host_dir, mount) in [
             (&run_dir, "/var/run/istio-cni"),
             (&ztunnel, "/var/run/ztunnel"),

@@ -18,13 +18,9 @@ OUT="$ROOT/bin"
 # Where the binaries are (or will be), for the tests: answered without touching anything.
 if [ "${1:-}" = bin-dir ]; then echo "$OUT"; exit 0; fi
 
-export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
-# Go builds get their own caches, outside the clone and apart from any other Go work on the machine.
-export GOCACHE="${GOCACHE_ISTIO_REF:-$CACHE/go-build}" GOMODCACHE="${GOMODCACHE_ISTIO_REF:-$CACHE/go-mod}"
-mkdir -p "$CACHE" "$GOCACHE" "$GOMODCACHE"
-
-log() { echo "istio-ref build: $*" >&2; }
-have_all() { local d=$1; shift; for b in "$@"; do [ -x "$d/$b" ] || return 1; done; }
+# shellcheck source=../lib/go-reference-build.sh
+. "$(dirname "$0")/../lib/go-reference-build.sh"
+go_reference_env "$CACHE" "${GOCACHE_ISTIO_REF:-}" "${GOMODCACHE_ISTIO_REF:-}" "istio-ref build"
 
 # One wrapper module for every Istio target: istio.io/istio's go.mod has no replace directives, so requiring the
 # pinned pseudo-version is enough. Written once; later targets add their tools to it.

@@ -17,13 +17,9 @@ ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
 CRICTL_VERSION="${CRICTL_VERSION:-1.34.0}"
 CACHE="${REAL_NODE_CACHE:-/var/cache/istio-cni-rs/real-node}"
 
-export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
-# Go builds get their own caches, outside the clone and apart from any other Go work on the machine.
-export GOCACHE="${GOCACHE_REAL_NODE:-$CACHE/go-build}" GOMODCACHE="${GOMODCACHE_REAL_NODE:-$CACHE/go-mod}"
-mkdir -p "$CACHE" "$GOCACHE" "$GOMODCACHE"
-
-log() { echo "real-node build: $*" >&2; }
-have_all() { local d=$1; shift; for b in "$@"; do [ -x "$d/$b" ] || return 1; done; }
+# shellcheck source=../lib/go-reference-build.sh
+. "$(dirname "$0")/../lib/go-reference-build.sh"
+go_reference_env "$CACHE" "${GOCACHE_REAL_NODE:-}" "${GOMODCACHE_REAL_NODE:-}" "real-node build"
 
 # The wrapper module for k8s.io/kubernetes: k/k requires every staging module at v0.0.0 and replaces it with a
 # directory of its own tree; Go ignores a dependency's replaces, so our wrapper's replaces pin each one to its
