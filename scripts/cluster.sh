@@ -389,12 +389,19 @@ down() {
       local rns; rns=$(KUBECONFIG="$STATE/admin.kubeconfig" helm list -A -f "^$release\$" -o json | jq -r '.[0].namespace')
       log "helm uninstall $release -n $rns"
       KUBECONFIG="$STATE/admin.kubeconfig" helm uninstall "$release" -n "$rns" --wait --timeout 90s >/dev/null || true
+      # `--wait` returns once the objects are deleted; their pods are still terminating (install-cni cleans the
+      # host up on SIGTERM): wait until they are gone, or the node's end would cut that cleanup short.
+      local i
+      for i in $(seq 1 450); do
+        [ -z "$(KUBECONFIG="$STATE/admin.kubeconfig" kubectl get pods -n "$rns" -l "app.kubernetes.io/instance=$release" -o name 2>/dev/null)" ] && break
+        sleep 0.2
+      done
     done
   fi
   if running kubelet; then stop kubelet; fi
   if running containerd && command -v crictl >/dev/null; then
     local cri=(crictl --config "$STATE/crictl.yaml")
-    "${cri[@]}" stop $("${cri[@]}" ps -q 2>/dev/null) >/dev/null 2>&1 || true
+    "${cri[@]}" stop --timeout 10 $("${cri[@]}" ps -q 2>/dev/null) >/dev/null 2>&1 || true
     local sb
     for sb in $("${cri[@]}" pods -q 2>/dev/null); do "${cri[@]}" stopp "$sb" >/dev/null 2>&1 || true; "${cri[@]}" rmp -f "$sb" >/dev/null 2>&1 || true; done
   fi

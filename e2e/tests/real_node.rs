@@ -546,6 +546,13 @@ fn after_the_agent_kubelet_and_containerd_restart_every_pod_is_reconciled() {
     node.wait_rollout("hbone-proxy");
     let pods = ready_pods(&node, ns, "steady", 2);
     assert_enrolled(&node, ns, &pods);
+    // The API still shows the pods Ready from before the restarts; a restarted kubelet serves `exec` for a pod only
+    // once it has synced it again (until then: "unable to upgrade connection: pod does not exist").
+    for (name, _) in &pods {
+        node.eventually(&format!("the restarted kubelet serves exec for {name}"), || {
+            node.exec(ns, name, "app", &["true"]).0.then_some(())
+        });
+    }
     assert_talk(&node, ns, &pods);
     // A pod created after the faults is enrolled too.
     node.kubectl(&["scale", "deployment/steady", "-n", ns, "--replicas=3"]);
