@@ -17,8 +17,6 @@ use serde_json::Value;
 
 /// The node's name (its `--hostname-override`), as `scripts/cluster.sh` names it.
 pub const NODE_NAME: &str = "istio-real-node";
-/// The network namespace holding the node (its bridge, its pods' routes, its host rules).
-pub const NODE_NETNS: &str = "istio-real-node";
 /// The node's IP (the API server listens there on 6443).
 pub const NODE_IP: &str = "10.251.0.2";
 /// The namespace our chart is installed into.
@@ -196,11 +194,6 @@ impl RealNode {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
-    }
-
-    /// Whether our chart is installed.
-    pub fn installed(&self) -> bool {
-        self.run("helm", &["status", RELEASE, "-n", RELEASE_NAMESPACE]).status.success()
     }
 
     /// The release's user-supplied values, as `helm get values -o json` prints them (`None` when not installed).
