@@ -5,7 +5,7 @@
 //! | [`Config::tls`] | `--tls` | off: plain http | https with the fake's own CA |
 //! | [`Config::tls_sans`] | `--tls-san` | none extra | none extra |
 //! | [`Config::state_dir`] | `--state-dir` | none: keys live in memory | none |
-//! | [`Config::authentication`] | `--authentication` | off: any or no token | bearer token required (401) |
+//! | [`Config::authentication`] | `--authentication` | off: any or no token | invalid token 401, none anonymous |
 //! | [`Config::token_rotation_grace`] | `--token-rotation-grace` | 90s | 90s |
 //! | [`Config::rbac`] | `--rbac` | off | enforced (403) |
 //! | [`Config::graceful_deletion`] | `--graceful-deletion` | off: DELETE removes at once | grace periods, finalizers |
@@ -92,8 +92,9 @@ pub struct Config {
     /// server restarted on the same directory is trusted by existing clients and accepts their tokens.
     /// Default `None`: everything is generated in memory for this server only.
     pub state_dir: Option<PathBuf>,
-    /// Require a valid bearer token on every API request (401 otherwise). Default off: requests without a
-    /// valid token run as `system:anonymous`.
+    /// Check bearer tokens as the real server does: an invalid token gets 401, a request without one runs as
+    /// `system:anonymous` and RBAC decides. Default off: requests without a valid token run as
+    /// `system:anonymous`.
     pub authentication: bool,
     /// After a token rotation, how long the subject's older tokens keep working. Default 90s (longer than
     /// the minute after which kube clients re-read a token file).

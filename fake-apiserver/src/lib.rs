@@ -16,7 +16,8 @@
 //! - **TLS** ([`Config::tls`]): https with the fake's own CA; [`Config::state_dir`] keeps the CA, serving
 //!   certificate and token-signing key, so a restarted server is trusted by its old clients and accepts
 //!   their tokens. Kubeconfigs from [`FakeApiServer::kubeconfig_yaml`] carry the CA and a token.
-//! - **Authentication** ([`Config::authentication`]): a bearer token is required (401 otherwise). Tokens come
+//! - **Authentication** ([`Config::authentication`]): as the real server, an invalid bearer token gets 401 and
+//!   a request with none runs as `system:anonymous` (so RBAC answers it, usually 403). Tokens come
 //!   from [`FakeApiServer::service_account_token`] / [`Cluster::token_for`]; [`Cluster::rotate_token`] retires
 //!   a subject's older tokens after [`Config::token_rotation_grace`].
 //! - **RBAC** ([`Config::rbac`]): the stored ClusterRoles, Roles and their bindings are enforced (403 with a
