@@ -296,7 +296,11 @@ images_import() {
 
 up() {
   [ "$(id -u)" -eq 0 ] || die "run as root"
-  if [ -e "/run/netns/$NETNS" ]; then die "already up (scripts/cluster.sh down first)"; fi
+  if [ -e "/run/netns/$NETNS" ]; then
+    running kubelet && die "already up (scripts/cluster.sh down first)"
+    log "a node that is no longer running left its namespace behind: taking it down first"
+    down || true
+  fi
   local t0=$SECONDS
   scripts/install-deps.sh >&2
   command -v containerd >/dev/null || die "containerd missing (scripts/install-deps.sh installs it)"
@@ -382,6 +386,8 @@ EOF
 down() {
   [ "$(id -u)" -eq 0 ] || die "run as root"
   bin_path
+  local stale=1
+  running kubelet && stale=0
   # Uninstall what was installed with helm while the node still runs, so each release cleans up after itself.
   if running kube-apiserver && running kubelet; then
     local release
@@ -430,6 +436,11 @@ down() {
   ip link del rn-host 2>/dev/null || true
   [ -e "/run/netns/$NETNS" ] && ip netns del "$NETNS"
   rm -f "$CNI_CONF/$PRIMARY_CONF"
+  # A node that died without its releases' uninstall (its session ended) leaves install-cni's plugin binary.
+  if [ "$stale" = 1 ] && [ -e "$CNI_BIN/istio-cni" ]; then
+    log "the node was not running: removing the plugin binary its install-cni left ($CNI_BIN/istio-cni)"
+    rm -f "$CNI_BIN/istio-cni"
+  fi
   if [ -f "$STATE/restore/cni-bins" ]; then
     while read -r p; do rm -f "$CNI_BIN/$p"; done <"$STATE/restore/cni-bins"
   fi

@@ -47,9 +47,11 @@ tee -a "$log" <"$soak_log"
 # The real-node scenarios (e2e/tests/real_node.rs): a real node comes up (reused if one already runs), our chart is
 # installed on it with helm, and it is taken down again, leaving nothing behind (`down` checks).
 if [ "$real_node" != 0 ]; then
-  if [ -e /run/netns/istio-real-node ]; then
+  if [ -e /run/netns/istio-real-node ] && scripts/cluster.sh status | grep -q "^kubelet: running"; then
     echo "test.sh: reusing the real node that already runs (scripts/cluster.sh down to stop it)"
   else
+    # What a node that died with its session left (netns, mounts, files) goes first.
+    [ -e /run/netns/istio-real-node ] && { scripts/cluster.sh down || true; }
     cluster_up=1
     scripts/cluster.sh up >/dev/null
   fi
