@@ -312,6 +312,18 @@ fn assert_not_enrolled(node: &RealNode, ns: &str, pods: &[(String, String)]) {
     }
 }
 
+/// A fresh ambient namespace `ns` (labelled `istio.io/dataplane-mode=ambient`) with an echo Deployment `app` of
+/// `replicas` pods, once every pod is Ready and enrolled: their names and IPs.
+#[track_caller]
+fn enrolled_app(node: &RealNode, ns: &str, app: &str, replicas: u32) -> Vec<(String, String)> {
+    node.delete_namespace(ns);
+    node.namespace(ns, &[(names::DATAPLANE_MODE_LABEL, "ambient")]);
+    echo_deployment(node, ns, app, replicas);
+    let pods = ready_pods(node, ns, app, replicas as usize);
+    assert_enrolled(node, ns, &pods);
+    pods
+}
+
 /// The hbone-proxy's count of HBONE connections it accepted with mTLS (the inbound side of pod-to-pod traffic).
 fn hbone_connections(node: &RealNode) -> f64 {
     let page = scrape(node, &node.proxy_pod(), ports::STATS);
@@ -332,11 +344,7 @@ fn assert_talk(node: &RealNode, ns: &str, pods: &[(String, String)]) {
 fn ambient_pods_are_enrolled_by_the_real_cni_call_and_talk_over_hbone() {
     let Some((_guard, node)) = node() else { return };
     let ns = "real-ambient";
-    node.delete_namespace(ns);
-    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
-    echo_deployment(&node, ns, "echo", 2);
-    let pods = ready_pods(&node, ns, "echo", 2);
-    assert_enrolled(&node, ns, &pods);
+    let pods = enrolled_app(&node, ns, "echo", 2);
     // Istio's default backend: iptables (the image carries Debian's iptables-nft).
     let rules = node.in_pod_netns(ns, &pods[0].0, "iptables-nft-save", &[]).unwrap_or_default();
     assert!(rules.contains("ISTIO_OUTPUT"), "not iptables rules:\n{rules}");
@@ -381,12 +389,8 @@ fn ambient_pods_are_enrolled_by_the_real_cni_call_and_talk_over_hbone() {
 fn native_nftables_mode_enrolls_and_redirects_ambient_pods_too() {
     let Some((_guard, node)) = node() else { return };
     let ns = "real-nft";
-    node.delete_namespace(ns);
     node.helm_install(&["global.nativeNftables=true"]);
-    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
-    echo_deployment(&node, ns, "nft", 2);
-    let pods = ready_pods(&node, ns, "nft", 2);
-    assert_enrolled(&node, ns, &pods);
+    let pods = enrolled_app(&node, ns, "nft", 2);
     for (name, _) in &pods {
         let nft = node.in_pod_netns(ns, name, "nft", &["list", "ruleset"]).unwrap_or_default();
         assert!(nft.contains("table inet istio-ambient-nat"), "{name}: not Istio's nftables layout:\n{nft}");
@@ -517,11 +521,7 @@ fn labelling_a_running_namespace_enrolls_its_pods_without_a_restart_and_unlabell
 fn after_the_agent_kubelet_and_containerd_restart_every_pod_is_reconciled() {
     let Some((_guard, node)) = node() else { return };
     let ns = "real-faults";
-    node.delete_namespace(ns);
-    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
-    echo_deployment(&node, ns, "steady", 2);
-    let pods = ready_pods(&node, ns, "steady", 2);
-    assert_enrolled(&node, ns, &pods);
+    enrolled_app(&node, ns, "steady", 2);
     // Kill the node agent's container: the kubelet restarts it, and it restores its pods from the node.
     let agent = node.agent_pod();
     let restarts = |node: &RealNode| -> u64 {
@@ -610,11 +610,7 @@ fn a_pod_created_during_a_rollout_is_redirected_or_fails_closed() {
 fn explain_events_and_every_annotated_metrics_port_are_seen_from_outside() {
     let Some((_guard, node)) = node() else { return };
     let ns = "real-explain";
-    node.delete_namespace(ns);
-    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
-    echo_deployment(&node, ns, "seen", 1);
-    let pods = ready_pods(&node, ns, "seen", 1);
-    assert_enrolled(&node, ns, &pods);
+    let pods = enrolled_app(&node, ns, "seen", 1);
     // A pod that opts out with its own label, beside the enrolled one.
     node.apply(
         &serde_json::json!({
