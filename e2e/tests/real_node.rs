@@ -441,7 +441,7 @@ fn a_pod_deleted_by_the_kubelet_leaves_nothing_behind() {
     let Some((_guard, node)) = node() else { return };
     let ns = "real-delete";
     node.delete_namespace(ns);
-    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
+    node.namespace(ns, &[(names::DATAPLANE_MODE_LABEL, "ambient")]);
     let (agent, proxy) = (node.agent_pod(), node.proxy_pod());
     let state = |node: &RealNode| {
         (
@@ -505,10 +505,10 @@ fn labelling_a_running_namespace_enrolls_its_pods_without_a_restart_and_unlabell
     let pods = ready_pods(&node, ns, "late", 2);
     assert_not_enrolled(&node, ns, &pods);
     let sandboxes: Vec<Option<String>> = pods.iter().map(|(n, _)| node.sandbox_id(ns, n)).collect();
-    node.kubectl(&["label", "namespace", ns, "istio.io/dataplane-mode=ambient"]);
+    node.kubectl(&["label", "namespace", ns, &format!("{}=ambient", names::DATAPLANE_MODE_LABEL)]);
     assert_enrolled(&node, ns, &pods);
     assert_talk(&node, ns, &pods);
-    node.kubectl(&["label", "namespace", ns, "istio.io/dataplane-mode-"]);
+    node.kubectl(&["label", "namespace", ns, &format!("{}-", names::DATAPLANE_MODE_LABEL)]);
     assert_not_enrolled(&node, ns, &pods);
     assert_talk(&node, ns, &pods);
     // Same sandboxes all along: nothing restarted.
@@ -584,7 +584,7 @@ fn a_pod_created_during_a_rollout_is_redirected_or_fails_closed() {
     let Some((_guard, node)) = node() else { return };
     let ns = "real-rollout";
     node.delete_namespace(ns);
-    node.namespace(ns, &[("istio.io/dataplane-mode", "ambient")]);
+    node.namespace(ns, &[(names::DATAPLANE_MODE_LABEL, "ambient")]);
     echo_deployment(&node, ns, "churn", 1);
     ready_pods(&node, ns, "churn", 1);
     node.kubectl(&["rollout", "restart", "daemonset/istio-cni-node", "daemonset/hbone-proxy", "-n", RELEASE_NAMESPACE]);

@@ -178,21 +178,12 @@ impl RealNode {
 
     /// [`Self::eventually`] with context for the failure message.
     #[track_caller]
-    pub fn eventually_or<T>(
-        &self,
-        what: &str,
-        mut probe: impl FnMut() -> Option<T>,
-        context: impl Fn() -> String,
-    ) -> T {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = probe() {
-                return v;
-            }
-            if start.elapsed() >= deadline() {
-                panic!("timed out after {:?} waiting until {what}\n{}", deadline(), context());
-            }
-            std::thread::sleep(Duration::from_millis(250));
+    pub fn eventually_or<T>(&self, what: &str, probe: impl FnMut() -> Option<T>, context: impl Fn() -> String) -> T {
+        let limit = deadline();
+        // A `match`, not a closure: the panic then names the test's line (`#[track_caller]`).
+        match crate::wait::within_every(Instant::now(), limit, Duration::from_millis(250), probe) {
+            Some(v) => v,
+            None => panic!("timed out after {limit:?} waiting until {what}\n{}", context()),
         }
     }
 

@@ -29,7 +29,18 @@ pub fn eventually_or<T>(what: &str, mut probe: impl FnMut() -> Option<T>, contex
 /// Polls `probe` every 10ms until it yields a value or `limit` has passed since `since`: for the tests whose
 /// point is a bound (a listener gone within 1 s, an exit before the drain deadline), so running out is an answer
 /// (`None`), not a panic.
-pub fn within<T>(since: Instant, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+pub fn within<T>(since: Instant, limit: Duration, probe: impl FnMut() -> Option<T>) -> Option<T> {
+    within_every(since, limit, Duration::from_millis(10), probe)
+}
+
+/// [`within`], polling every `interval`: for probes that cost a process each (`kubectl`, `crictl` against the
+/// real node), where polling every 10ms would load the machine the test is watching.
+pub fn within_every<T>(
+    since: Instant,
+    limit: Duration,
+    interval: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> Option<T> {
     loop {
         if let Some(v) = probe() {
             return Some(v);
@@ -37,7 +48,7 @@ pub fn within<T>(since: Instant, limit: Duration, mut probe: impl FnMut() -> Opt
         if since.elapsed() >= limit {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(interval);
     }
 }
 
