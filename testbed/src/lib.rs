@@ -9,6 +9,7 @@ pub mod chart;
 pub mod hbone_proxy;
 pub mod http;
 pub mod install_cni;
+pub mod istio_agent;
 pub mod kubelet;
 pub mod mesh;
 pub mod netns_guard;

@@ -407,6 +407,17 @@ impl ZdsPeer {
         peer
     }
 
+    /// Like [`ZdsPeer::connect`] for any agent's ZDS socket at `path` (e.g. Istio's agent,
+    /// [`crate::istio_agent::IstioAgent::zds_socket`]).
+    #[track_caller]
+    pub fn connect_at(path: &Path) -> Self {
+        let peer = Self::connect_to(path);
+        eventually("the peer received SnapshotSent", || {
+            peer.received().iter().any(|r| r.kind == RequestKind::SnapshotSent).then_some(())
+        });
+        peer
+    }
+
     fn connect_to(path: &Path) -> Self {
         let state = Arc::new(Mutex::new(PeerState::default()));
         let reply = Arc::new(Mutex::new(Reply::Ack));
