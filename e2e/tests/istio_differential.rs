@@ -8,7 +8,7 @@
 //! table, IPv6's `::6` on `lo`) must be equal, normalized only for chain order, comment lines and counters. Where
 //! Istio refuses a pod, ours must refuse it too with a CNI error (and program nothing); where Istio accepts it, so
 //! must we. The differences we make on purpose (docs/plugin.md, "Where we differ from Istio") are listed in
-//! [`intended`] with their reason; nothing else may differ.
+//! [`intended`] and [`Difference`] with their reason; nothing else may differ.
 //!
 //! Without Istio's binaries the tests print `SKIPPED: ...` and pass, unless `ISTIO_REF_REQUIRED=1`.
 //! `ISTIO_DIFF_PODS` sets the number of generated pods for iptables (default 500), `ISTIO_DIFF_NFT_PODS` for native
@@ -313,32 +313,38 @@ const CIDR_ANNOTATIONS: [&str; 2] = [names::INCLUDE_OUTBOUND_IP_RANGES, names::E
 ///   match no process can meet (its iptables refuses it too).
 /// - A failed ADD leaves no rules: where iptables refuses what Istio generated (`*` in an outbound port list), Istio
 ///   keeps the tables it had already restored; ours refuses the pod before programming anything.
-fn intended(case: &Case, ours: &Outcome, istio: &Outcome, our_dump: &Dump) -> Option<&'static str> {
+/// Returns the difference's name and its reason.
+fn intended(case: &Case, ours: &Outcome, istio: &Outcome, our_dump: &Dump) -> Option<(&'static str, &'static str)> {
     let programmed = |d: &Dump| d.text().contains("ISTIO") || d.text().contains("lookup 133");
     if matches!((ours, istio), (Outcome::Refused { code: Some(_), .. }, Outcome::Refused { .. }))
         && !programmed(our_dump)
     {
-        return Some(
+        return Some((
+            "FailedAddLeavesNoRules",
             "Istio left the rules of its failed ADD behind (docs/plugin.md: a failed ADD leaves no partial rules)",
-        );
+        ));
     }
     let has_port_zero =
         PORT_ANNOTATIONS.iter().filter_map(|a| case.annotation(a)).any(|v| v.split(',').any(|p| p.trim() == "0"));
     match (ours, istio) {
         (Outcome::Refused { code: Some(7), msg, .. }, Outcome::Added) if msg.contains("outside 0..=4294967294") => {
-            Some("uid/gid 4294967295, (uid_t) -1, is refused (docs/plugin.md); Istio's nft takes it, its iptables not")
+            Some((
+                "UidMinusOneRefused",
+                "uid/gid 4294967295, (uid_t) -1, is refused (docs/plugin.md); Istio's nft takes it, its iptables not",
+            ))
         }
-        (Outcome::Refused { code: Some(7), .. }, Outcome::Added) if has_port_zero => {
-            Some("port 0 is refused (docs/plugin.md: no connection can use it, a rule naming it matches nothing)")
-        }
+        (Outcome::Refused { code: Some(7), .. }, Outcome::Added) if has_port_zero => Some((
+            "PortZeroRefused",
+            "port 0 is refused (docs/plugin.md: no connection can use it, a rule naming it matches nothing)",
+        )),
         _ => None,
     }
 }
 
-/// Differences found by this test and reported (#29), not yet decided: each is either fixed in our plugin or
-/// listed as intended in docs/plugin.md. `ISTIO_DIFF_STRICT=1` makes them fail.
+/// The intended differences that show in the rules or the outcome of a pod Istio and we both handle, each listed with
+/// its reason in docs/plugin.md ("Where we differ from Istio, and why"). [`Difference::reason`] is the short form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Known {
+enum Difference {
     /// Istio programs IPv6 rules only when the pod netns's first non-loopback, non-link-local address is IPv6,
     /// or `ISTIO_DUAL_STACK=true` and the netns has an IPv6 address; ours whenever the pod got an IPv6 address
     /// or `ISTIO_DUAL_STACK=true`.
@@ -353,8 +359,8 @@ enum Known {
     /// An interface list item that does not match `^[a-zA-Z][a-zA-Z0-9_.-]*$` after trimming (`a:b`, `x@y`,
     /// `0eth`) or is empty: Istio refuses the pod; ours accepts `:` and `@`, a leading digit, and skips empty items.
     LenientInterfaceName,
-    /// `*` in `excludeInboundPorts`, `includeOutboundPorts` or `excludeOutboundPorts`: Istio accepts it (every port
-    /// annotation takes the wildcard); ours refuses the pod.
+    /// `*` in `excludeInboundPorts`, `includeOutboundPorts` or `excludeOutboundPorts`: Istio's checks take it (every
+    /// port annotation takes the wildcard) and the pod starts where the list goes unused; ours refuses the pod.
     WildcardPortList,
     /// Native nftables: the same rules with their matches in another order (`iifname "lo" meta l4proto tcp` against
     /// our `meta l4proto tcp iifname "lo"`), or a set (`tcp dport != { 53, 15008 }`) spelled as two matches.
@@ -364,7 +370,38 @@ enum Known {
     NftInvalidDropTcpOnly,
 }
 
-fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_dump: &Dump) -> Option<Known> {
+impl Difference {
+    fn reason(self) -> &'static str {
+        match self {
+            Difference::Ipv6Decision => {
+                "IPv6 is captured whenever the pod has an IPv6 address: Istio's first-address rule lets a dual-stack \
+                 pod listed IPv4-first send IPv6 around the proxy"
+            }
+            Difference::InterceptionModeNone => {
+                "interceptionMode NONE asks for no capture: we program nothing and let the pod start; Istio fails the ADD"
+            }
+            Difference::LenientCidrList => {
+                "a bare address is its /32 or /128, spaces are trimmed, empty items skipped: each has one reading"
+            }
+            Difference::LenientPortList => "an empty port list item is skipped: it has one reading",
+            Difference::LenientInterfaceName => {
+                "interface names are checked as the kernel checks them (a leading digit, ':' and '@' are names), \
+                 empty items skipped"
+            }
+            Difference::WildcardPortList => {
+                "'*' is a port list only in includeInboundPorts: elsewhere Istio hands it to iptables, which refuses \
+                 the rule where the list is used; we refuse the pod up front, naming the annotation"
+            }
+            Difference::NftMatchOrder => "the same nftables rule with its matches in another order",
+            Difference::NftInvalidDropTcpOnly => {
+                "INVALID_DROP drops every protocol's invalid packets with nftables too, as with iptables"
+            }
+        }
+    }
+}
+
+/// The intended [`Difference`] that explains how the two outcomes differ, if one does.
+fn difference(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_dump: &Dump) -> Option<Difference> {
     let dual_env = case.proxy_env("ISTIO_DUAL_STACK").is_some_and(|v| go_bool(v) == Some(true));
     if (case.dual_stack || dual_env)
         && ours == istio
@@ -373,17 +410,17 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
     {
         // Istio: the pod's first address is IPv4 here, so IPv6 rules only with ISTIO_DUAL_STACK and an address.
         if istio_dump.has_v6_rules() == (case.dual_stack && dual_env) && ours_dump.has_v6_rules() {
-            return Some(Known::Ipv6Decision);
+            return Some(Difference::Ipv6Decision);
         }
     }
     if ours == istio && *ours == Outcome::Added && ours_dump.0.contains_key("nft") {
         let (o, i) = (ours_dump.nft_matches(), istio_dump.nft_matches());
         if o == i {
-            return Some(Known::NftMatchOrder);
+            return Some(Difference::NftMatchOrder);
         }
         let i = nft_invalid_drop_as_ours(istio_dump).nft_matches();
         if case.proxy_env("INVALID_DROP").and_then(go_bool) == Some(true) && i == o {
-            return Some(Known::NftInvalidDropTcpOnly);
+            return Some(Difference::NftInvalidDropTcpOnly);
         }
     }
     let our_msg = |needle: &str| matches!(ours, Outcome::Refused { msg, .. } if msg.contains(needle));
@@ -391,7 +428,7 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
         && our_msg("\"*\"")
         && PORT_ANNOTATIONS.iter().filter_map(|a| case.annotation(a)).any(|v| v == "*")
     {
-        return Some(Known::WildcardPortList);
+        return Some(Difference::WildcardPortList);
     }
     // The rest: Istio refuses, we add; Istio's message must name the reason.
     let Outcome::Refused { msg: istio_msg, .. } = istio else { return None };
@@ -400,7 +437,7 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
     }
     let istio_says = |needles: &[&str]| needles.iter().any(|n| istio_msg.contains(n));
     if case.annotation(names::INTERCEPTION_MODE) == Some("NONE") && istio_says(&["interceptionMode invalid: NONE"]) {
-        return Some(Known::InterceptionModeNone);
+        return Some(Difference::InterceptionModeNone);
     }
     let go_cidr_ok = |item: &str| item == item.trim() && item.contains('/') && item.split('/').count() == 2;
     if CIDR_ANNOTATIONS
@@ -409,7 +446,7 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
         .any(|v| v != "*" && !v.is_empty() && v.split(',').any(|i| !go_cidr_ok(i)))
         && istio_says(&["failed parsing cidr"])
     {
-        return Some(Known::LenientCidrList);
+        return Some(Difference::LenientCidrList);
     }
     if PORT_ANNOTATIONS
         .iter()
@@ -417,7 +454,7 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
         .any(|v| v != "*" && !v.trim().is_empty() && v.trim().split(',').any(|i| i.trim().is_empty()))
         && istio_says(&["failed parsing port \"\""])
     {
-        return Some(Known::LenientPortList);
+        return Some(Difference::LenientPortList);
     }
     let go_interface_ok = |item: &str| {
         let item = item.trim();
@@ -430,12 +467,12 @@ fn known(case: &Case, ours: &Outcome, istio: &Outcome, ours_dump: &Dump, istio_d
         .any(|v| !v.is_empty() && v.split(',').any(|i| !go_interface_ok(i)))
         && istio_says(&["contains invalid characters", "empty interface name"])
     {
-        return Some(Known::LenientInterfaceName);
+        return Some(Difference::LenientInterfaceName);
     }
     None
 }
 
-/// Istio's nft dump with its TCP-only invalid drop spelled as ours ([`Known::NftInvalidDropTcpOnly`]), so a pod that
+/// Istio's nft dump with its TCP-only invalid drop spelled as ours ([`Difference::NftInvalidDropTcpOnly`]), so a pod that
 /// also differs in another known way is compared on the rest.
 fn nft_invalid_drop_as_ours(d: &Dump) -> Dump {
     let ours = |v: &String| v.replace("meta l4proto tcp ct state invalid", "ct state invalid");
@@ -456,8 +493,7 @@ fn go_bool(v: &str) -> Option<bool> {
 struct Tally {
     added: usize,
     refused: usize,
-    intended: usize,
-    known: BTreeMap<String, usize>,
+    intended: BTreeMap<String, usize>,
     unexplained: Vec<String>,
 }
 
@@ -478,13 +514,12 @@ fn differential(b: &Bench, cases: &[Case]) -> Tally {
     });
     let tally = tally.into_inner().unwrap();
     eprintln!(
-        "{} pods in {:.1?}: {} added and {} refused alike, {} intended differences, known {:?}, {} unexplained",
+        "{} pods in {:.1?}: {} added and {} refused alike, intended differences {:?}, {} unexplained",
         cases.len(),
         started.elapsed(),
         tally.added,
         tally.refused,
         tally.intended,
-        tally.known,
         tally.unexplained.len()
     );
     tally
@@ -514,20 +549,18 @@ fn one(b: &Bench, i: usize, case: &Case, tally: &std::sync::Mutex<Tally>) {
         }
         _ => {}
     }
-    if let Some(reason) = intended(case, &ours, &istio, &our_dump) {
-        t.intended += 1;
+    if let Some((name, reason)) = intended(case, &ours, &istio, &our_dump) {
+        *t.intended.entry(name.into()).or_default() += 1;
         eprintln!("intended difference, {what}: {reason}");
         return;
     }
-    let detail =
-        format!("{what}\n  Istio: {istio:?}\n  ours:  {ours:?}\n{}", diff(&istio_dump.text(), &our_dump.text()));
-    match known(case, &ours, &istio, &our_dump, &istio_dump) {
-        Some(k) if std::env::var("ISTIO_DIFF_STRICT").as_deref() != Ok("1") => {
-            *t.known.entry(format!("{k:?}")).or_default() += 1;
-            eprintln!("known difference {k:?}, {what}\n  Istio: {istio:?}\n  ours:  {ours:?}");
-        }
-        k => t.unexplained.push(format!("{}{detail}", k.map(|k| format!("(known: {k:?}) ")).unwrap_or_default())),
+    if let Some(d) = difference(case, &ours, &istio, &our_dump, &istio_dump) {
+        *t.intended.entry(format!("{d:?}")).or_default() += 1;
+        eprintln!("intended difference {d:?} ({}), {what}\n  Istio: {istio:?}\n  ours:  {ours:?}", d.reason());
+        return;
     }
+    t.unexplained
+        .push(format!("{what}\n  Istio: {istio:?}\n  ours:  {ours:?}\n{}", diff(&istio_dump.text(), &our_dump.text())));
 }
 
 /// `diff -u` of the two dumps, `-` Istio's, `+` ours.
