@@ -133,15 +133,18 @@ async fn ensure_local_default(handle: &Handle, family: Family, table: u32) -> Re
     tolerate_exists(handle.route().add(local_default(family, table)).execute().await)
 }
 
-/// The `local default dev lo table <table>` route of `family`.
+/// The `local default dev lo table <table>` route of `family`, with the protocol `ip route add` gives it
+/// (`boot`), as Istio's plugin and agent leave it (netlink's builder would say `static`).
 fn local_default(family: Family, table: u32) -> RouteMessage {
     fn finish<T>(builder: RouteMessageBuilder<T>, table: u32) -> RouteMessage {
-        builder
+        let mut route = builder
             .output_interface(LOOPBACK_IFINDEX)
             .table_id(table)
             .kind(RouteType::Local)
             .scope(RouteScope::Host)
-            .build()
+            .build();
+        route.header.protocol = RouteProtocol::Boot;
+        route
     }
     match family {
         Family::V4 => {
@@ -209,10 +212,8 @@ async fn add_tproxy_routes(handle: &Handle, routes: TproxyRoutes, families: &[Fa
         let rule_text = format!("ip rule add fwmark {} lookup {}", routes.mark, routes.table);
         ensure_rule(handle, family, rule).await.map_err(err(rule_text))?;
         let route_text = format!("ip route add local default dev lo table {}", routes.table);
-        // With the protocol `ip route add` gives it (`boot`), as Istio's plugin leaves it.
-        let mut route = local_default(family, routes.table);
-        route.header.protocol = RouteProtocol::Boot;
-        tolerate_exists(handle.route().add(route).execute().await).map_err(err(route_text))?;
+        tolerate_exists(handle.route().add(local_default(family, routes.table)).execute().await)
+            .map_err(err(route_text))?;
     }
     Ok(())
 }
@@ -264,7 +265,10 @@ async fn del_fwmark(handle: &Handle, rule: FwmarkRule, family: Family) -> Result
     for found in find_rules(handle, family, rule).await.map_err(err(rule_text(rule)))? {
         tolerate_missing(handle.rule().del(found).execute().await).map_err(err(rule_text(rule)))?;
     }
-    let res = handle.route().del(local_default(family, rule.table)).execute().await;
+    // Any protocol: also the route an agent that said `static` left.
+    let mut route = local_default(family, rule.table);
+    route.header.protocol = RouteProtocol::Unspec;
+    let res = handle.route().del(route).execute().await;
     tolerate_missing(res).map_err(err(route_text(rule)))
 }
 

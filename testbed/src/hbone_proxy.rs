@@ -54,7 +54,20 @@ impl Proxy {
         env: &[(&str, &str)],
         open_files: Option<(u64, u64)>,
     ) -> Self {
-        let mut proxy = Self::spawn_with_open_files(cluster, agent, dir, workloads, env, open_files, true);
+        Self::start_on(cluster, &agent.zds_socket(), dir, workloads, env, open_files)
+    }
+
+    /// Like [`Proxy::start_with_open_files`] with the ZDS socket `zds` of any node agent (e.g. Istio's,
+    /// [`crate::istio_agent::IstioAgent::zds_socket`]).
+    pub fn start_on(
+        cluster: &Cluster,
+        zds: &Path,
+        dir: &Path,
+        workloads: &Path,
+        env: &[(&str, &str)],
+        open_files: Option<(u64, u64)>,
+    ) -> Self {
+        let mut proxy = Self::spawn_with_open_files(cluster, zds, dir, workloads, env, open_files, true);
         let netns = cluster.node.netns().path();
         eventually("hbone-proxy answers /healthz/ready with 200", || {
             proxy.assert_running();
@@ -67,7 +80,7 @@ impl Proxy {
     /// Like [`Proxy::start`] but returns once it serves `/metrics`, ready or not (for tests of readiness), and
     /// its Kubernetes source (when on) has listed the pods and started watching them.
     pub fn spawn(cluster: &Cluster, agent: &NodeAgent, dir: &Path, workloads: &Path, env: &[(&str, &str)]) -> Self {
-        Self::spawn_with_open_files(cluster, agent, dir, workloads, env, None, true)
+        Self::spawn_with_open_files(cluster, &agent.zds_socket(), dir, workloads, env, None, true)
     }
 
     /// Like [`Proxy::spawn`] without waiting for its Kubernetes source to list the pods (for tests of what the
@@ -79,12 +92,12 @@ impl Proxy {
         workloads: &Path,
         env: &[(&str, &str)],
     ) -> Self {
-        Self::spawn_with_open_files(cluster, agent, dir, workloads, env, None, false)
+        Self::spawn_with_open_files(cluster, &agent.zds_socket(), dir, workloads, env, None, false)
     }
 
     fn spawn_with_open_files(
         cluster: &Cluster,
-        agent: &NodeAgent,
+        zds: &Path,
         dir: &Path,
         workloads: &Path,
         env: &[(&str, &str)],
@@ -98,7 +111,7 @@ impl Proxy {
         let watches_before = pod_watches(cluster);
         let mut cmd = Command::new(bins::path("hbone-proxy"));
         cmd.env_clear()
-            .env("INPOD_UDS", agent.zds_socket())
+            .env("INPOD_UDS", zds)
             .env("STATE_DIR", dir.join("state"))
             .env("LOCAL_WORKLOADS", workloads)
             .env("KUBECONFIG", &kubeconfig)

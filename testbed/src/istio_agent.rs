@@ -208,6 +208,21 @@ impl IstioAgent {
         list
     }
 
+    /// The agent's `/metrics` text (Istio's monitoring port, 15014), from inside the node netns.
+    pub fn metrics(&self) -> String {
+        crate::http::get(&self.netns, ports::CNI_MONITORING, "/metrics").map(|(_, body)| body).unwrap_or_default()
+    }
+
+    /// How many node proxy connections the agent holds, by its `ztunnel_connected` gauge; `None` before the gauge
+    /// was first set. Istio notices a closed connection only at its next keepalive check (every 5 s), and until
+    /// then still sends deletions to it.
+    pub fn proxy_connections(&self) -> Option<u64> {
+        self.metrics().lines().find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            name.ends_with("ztunnel_connected").then(|| value.parse::<f64>().ok()).flatten().map(|v| v as u64)
+        })
+    }
+
     /// The process's output (stdout and stderr) so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -29,8 +29,10 @@ const IPSET_ATTR_COMMENT: u16 = 26;
 const IPSET_ATTR_IPADDR_IPV4: u16 = 1;
 const IPSET_ATTR_IPADDR_IPV6: u16 = 2;
 const IPSET_FLAG_WITH_COMMENT: u32 = 1 << 4;
-/// hash:ip revision 4 (comments, counters, forceadd, skbinfo): every kernel since 4.3 has it.
-const HASH_IP_REVISION: u8 = 4;
+/// hash:ip revision 2, the first with comments (all the probe set uses), as Istio's agent creates the set (the
+/// ambient differential, e2e/tests/istio_ambient_differential.rs, compares `ipset list`): a node's set looks the
+/// same whichever agent made it.
+const HASH_IP_REVISION: u8 = 2;
 const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
