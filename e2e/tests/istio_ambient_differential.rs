@@ -577,6 +577,16 @@ fn istio_agent_and_ours_enroll_the_same_pods_the_same_way() {
     let (hi, ho) = (node_dump(istio.c.node.netns()), node_dump(ours.c.node.netns()));
     let (hi, ho) = Intended::forgive_rules(named(&istio, hi), named(&ours, ho));
     assert_same("the node netns after the opt-out and the deletion", &hi, &ho);
+
+    // The fake API server answered every request of Istio's agent and plugin as a real one would: nothing failed
+    // (a watch's errors, such as 410 after compaction, come inside the stream and are the client's to handle) but
+    // the unenroll patch of the deleted pod, 404 as on a real server (Istio's agent takes it as done).
+    let deleted_pod_unenroll = |r: &fake_apiserver::RequestRecord| {
+        r.status == 404 && r.method == "PATCH" && r.path == format!("/api/v1/namespaces/{MESH}/pods/web/status")
+    };
+    let failed: Vec<_> =
+        istio.c.api.cluster().requests().into_iter().filter(|r| r.status >= 400 && !deleted_pod_unenroll(r)).collect();
+    assert!(failed.is_empty(), "requests of Istio's agent or plugin failed: {failed:#?}");
 }
 
 /// A snapshot's pods in name order (the agents send them in the order of their caches), `SnapshotSent` last.
