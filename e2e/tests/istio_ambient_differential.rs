@@ -34,6 +34,7 @@ use istio_contract::names;
 use serde_json::{json, Value};
 use testbed::hbone_proxy::{Proxy, KUBERNETES_SOURCE};
 use testbed::istio_agent::{istio_built, IstioAgent};
+use testbed::kubelet::KUBELET_UID;
 use testbed::mesh::{plain_pod, sidecar_pod};
 use testbed::node_agent::{namespace, netns_id, redirection, NodeAgent, Received, RequestKind, ZdsPeer};
 use testbed::wait::eventually;
@@ -85,8 +86,8 @@ impl Intended {
     fn apply(self, dump: &mut BTreeMap<String, String>) {
         match self {
             Intended::DetectionProbeTables => {
-                for text in dump.values_mut() {
-                    *text = without_empty_tables(text);
+                for (section, text) in dump.iter_mut() {
+                    *text = if section == "nft" { without_empty_nft_tables(text) } else { without_empty_tables(text) };
                 }
             }
             Intended::DefaultServiceAccount => {}
@@ -119,6 +120,38 @@ impl Intended {
     fn forgive_zds(istio: Vec<String>) -> Vec<String> {
         Intended::ALL.iter().fold(istio, |zds, intended| intended.apply_zds(zds))
     }
+}
+
+/// Normalized `nft list ruleset` text ([`normalize_nft`]) without the chains that hold no rule (a base chain with
+/// policy accept and no rule lets every packet pass, as no chain at all), and then without empty tables.
+fn without_empty_nft_tables(text: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let mut chain: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("\tchain ") {
+            chain = vec![line];
+        } else if !chain.is_empty() {
+            chain.push(line);
+            if line == "\t}" {
+                if chain[1..chain.len() - 1].iter().any(|l| !l.trim_start().starts_with("type ")) {
+                    out.append(&mut chain);
+                }
+                chain.clear();
+            }
+        } else {
+            out.push(line);
+        }
+    }
+    // Tables left with nothing: a header line followed by its closing line.
+    let mut kept: Vec<&str> = Vec::new();
+    for line in out {
+        if line == "}" && kept.last().is_some_and(|l| l.starts_with("table ")) {
+            kept.pop();
+        } else {
+            kept.push(line);
+        }
+    }
+    kept.join("\n")
 }
 
 /// Normalized `iptables-save` text without the tables that hold no rule.
@@ -201,6 +234,8 @@ enum Agent {
 /// One node with one agent, its recorder and its conflist, and the pods added so far.
 struct Side {
     name: &'static str,
+    /// Whether both agents and plugins program native nftables.
+    nft: bool,
     // Dropped first: the pods (DEL), the recorder, then the agent, then the cluster.
     pods: BTreeMap<String, Pod>,
     /// `namespace/name` of every pod added, by UID (kept after the pod is deleted).
@@ -213,8 +248,12 @@ struct Side {
     _zds: tempfile::TempDir,
 }
 
-/// The settings both agents run with, by their env names (the same for both: ours reads Istio's names).
-const SETTINGS: [(&str, &str); 2] = [("AMBIENT_DNS_CAPTURE", "true"), ("AMBIENT_IPV6", "true")];
+/// The settings both agents run with, by their env names (the same for both: ours reads Istio's names), with
+/// native nftables or not.
+fn settings(nft: bool) -> Vec<(&'static str, &'static str)> {
+    let nft = if nft { "true" } else { "false" };
+    vec![("AMBIENT_DNS_CAPTURE", "true"), ("AMBIENT_IPV6", "true"), ("NATIVE_NFTABLES", nft)]
+}
 
 fn cluster() -> Cluster {
     let mut c = Cluster::new();
@@ -226,21 +265,22 @@ fn cluster() -> Cluster {
 }
 
 impl Side {
-    fn istio() -> Self {
+    fn istio(nft: bool) -> Self {
         let c = cluster();
         let zds = tempfile::Builder::new().prefix("istio-zds-").tempdir().expect("ZDS dir");
-        let agent = IstioAgent::start(&c, zds.path(), &SETTINGS);
+        let agent = IstioAgent::start(&c, zds.path(), &settings(nft));
         let peer = ZdsPeer::connect_at(agent.zds_socket());
         let conflist = agent.conflist();
         let (pods, uids, peer) = (BTreeMap::new(), BTreeMap::new(), Some(peer));
-        Side { name: "istio", pods, uids, peer, agent: Agent::Istio(agent), conflist, c, _zds: zds }
+        Side { name: "istio", nft, pods, uids, peer, agent: Agent::Istio(agent), conflist, c, _zds: zds }
     }
 
     /// Ours, with `istio`'s conflist but our plugin (the entry Istio's installer wrote, `type` ours, our run dir).
     fn ours(istio: &Side) -> Self {
+        let nft = istio.nft;
         let c = cluster();
         let zds = tempfile::Builder::new().prefix("our-zds-").tempdir().expect("ZDS dir");
-        let agent = NodeAgent::start(&c, &SETTINGS);
+        let agent = NodeAgent::start(&c, &settings(nft));
         let peer = ZdsPeer::connect(&agent);
         let mut entry = istio.conflist["plugins"][1].clone();
         entry["type"] = json!("istio-cni");
@@ -248,7 +288,7 @@ impl Side {
         let mut conflist = c.node.conflist(vec![entry]);
         conflist["plugins"][0]["ipam"]["routes"] = istio.conflist["plugins"][0]["ipam"]["routes"].clone();
         let (pods, uids, peer) = (BTreeMap::new(), BTreeMap::new(), Some(peer));
-        Side { name: "ours", pods, uids, peer, agent: Agent::Ours(agent), conflist, c, _zds: zds }
+        Side { name: "ours", nft, pods, uids, peer, agent: Agent::Ours(agent), conflist, c, _zds: zds }
     }
 
     fn zds_socket(&self) -> std::path::PathBuf {
@@ -363,7 +403,7 @@ impl Side {
 /// Everything an agent or plugin may change in a pod netns, by section: `iptables-save` of both families in both
 /// flavours, the policy routing rules and the ambient routing table (100) of both families.
 fn pod_dump(ns: &NetnsGuard) -> BTreeMap<String, String> {
-    const SCRIPT: &str = "for t in iptables-nft-save ip6tables-nft-save iptables-legacy-save ip6tables-legacy-save; \
+    const SCRIPT: &str = "echo '## nft'; nft list ruleset; for t in iptables-nft-save ip6tables-nft-save iptables-legacy-save ip6tables-legacy-save; \
         do echo \"## $t\"; $t; done; echo '## ip rule'; ip rule show; echo '## ip -6 rule'; ip -6 rule show; \
         echo '## route 100'; ip -d route show table 100 2>&1; echo '## route6 100'; ip -d -6 route show table 100 2>&1; \
         true";
@@ -373,7 +413,7 @@ fn pod_dump(ns: &NetnsGuard) -> BTreeMap<String, String> {
 /// What the agents program in the node netns: the `iptables-save` of both families in both flavours and the
 /// ipsets.
 fn node_dump(ns: &NetnsGuard) -> BTreeMap<String, String> {
-    const SCRIPT: &str = "for t in iptables-nft-save ip6tables-nft-save iptables-legacy-save ip6tables-legacy-save; \
+    const SCRIPT: &str = "echo '## nft'; nft list ruleset; for t in iptables-nft-save ip6tables-nft-save iptables-legacy-save ip6tables-legacy-save; \
         do echo \"## $t\"; $t; done; echo '## ipset'; ipset list";
     sections(ns, SCRIPT)
 }
@@ -386,7 +426,11 @@ fn sections(ns: &NetnsGuard, script: &str) -> BTreeMap<String, String> {
         .filter(|p| !p.is_empty())
         .map(|part| {
             let (name, body) = part.split_once('\n').unwrap_or((part, ""));
-            let body = if name == "ipset" { normalize_ipset(body) } else { normalize(body) };
+            let body = match name {
+                "ipset" => normalize_ipset(body),
+                "nft" => normalize_nft(body),
+                _ => normalize(body),
+            };
             (name.to_owned(), body)
         })
         .collect()
@@ -421,6 +465,43 @@ fn normalize(dump: &str) -> String {
         } else {
             out.push(line.to_owned());
         }
+    }
+    out.join("\n")
+}
+
+/// `nft list ruleset` without counter values, each table's chains and sets in name order (rules keep their order
+/// within a chain), tables in name order.
+fn normalize_nft(dump: &str) -> String {
+    let mut tables: Vec<(String, Vec<Vec<String>>)> = Vec::new();
+    let mut block: Option<Vec<String>> = None;
+    for line in dump.lines().map(str::trim_end).filter(|l| !l.trim().is_empty() && !l.trim().starts_with('#')) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        // "counter packets N bytes M" -> "counter"
+        let kept = words.iter().enumerate().filter(|(i, w)| {
+            !(matches!(**w, "packets" | "bytes") || *i > 0 && matches!(words[i - 1], "packets" | "bytes"))
+        });
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let line = format!("{indent}{}", kept.map(|(_, w)| *w).collect::<Vec<_>>().join(" "));
+        if line.starts_with("table ") {
+            tables.push((line, Vec::new()));
+        } else if line == "}" {
+            // the end of the table
+        } else if let Some(b) = block.as_mut() {
+            b.push(line.clone());
+            if line.starts_with("\t}") && !line.starts_with("\t\t") {
+                tables.last_mut().expect("a block inside a table").1.push(block.take().unwrap());
+            }
+        } else {
+            block = Some(vec![line]);
+        }
+    }
+    tables.sort();
+    let mut out = Vec::new();
+    for (header, mut blocks) in tables {
+        blocks.sort();
+        out.push(header);
+        out.extend(blocks.into_iter().flatten());
+        out.push("}".into());
     }
     out.join("\n")
 }
@@ -473,22 +554,34 @@ fn assert_same(what: &str, istio: &BTreeMap<String, String>, ours: &BTreeMap<Str
     assert!(diffs.is_empty(), "{what} differ:\n{}", diffs.join("\n"));
 }
 
-/// Where a connection from the node netns to `pod`'s port `port` arrives from (a listener in the pod netns
-/// accepts it).
+/// Where a connection from the node netns to `pod`'s port `port`, made as the kubelet's uid (the nftables host
+/// rules match it; the iptables rule any local socket), arrives from (a listener in the pod netns accepts it).
 fn source_of_node_connection(side: &Side, pod: &Pod, port: u16) -> IpAddr {
     let probe = pod.netns.listen_tcp(port);
     let node = side.c.node.netns();
-    node.connect_tcp(SocketAddr::from((pod.ip, port)), None)
+    node.connect_tcp(SocketAddr::from((pod.ip, port)), Some(KUBELET_UID))
         .unwrap_or_else(|e| panic!("{}: connect from the node to {}:{port}: {e}", side.name, pod.ip));
     probe.accepted().peer.ip()
 }
 
 #[test]
 fn istio_agent_and_ours_enroll_the_same_pods_the_same_way() {
-    if !istio() {
-        return;
+    if istio() {
+        differential(false);
     }
-    let mut istio = Side::istio();
+}
+
+#[test]
+fn istio_agent_and_ours_enroll_the_same_pods_the_same_way_with_native_nftables() {
+    if istio() {
+        differential(true);
+    }
+}
+
+/// The comparison (module doc), with both agents and plugins on iptables (the flavour each detects) or on native
+/// nftables.
+fn differential(nft: bool) {
+    let mut istio = Side::istio(nft);
     let mut ours = Side::ours(&istio);
     let cases = cases();
 

@@ -21,6 +21,8 @@
 //!   conflist Istio's installer writes (the node's `bridge` conflist with Istio's `istio-cni` entry appended) is
 //!   available from [`IstioAgent::conflist`], with the entry's `type` renamed to [`ISTIO_PLUGIN_TYPE`] (Istio's
 //!   plugin binary, installed in the node's bin dir under that name beside ours).
+//! - A stand-in [`Kubelet`] runs beside it, as on a node (Istio's native nftables host probe rule matches the
+//!   kubelet's uid, found in `/host/proc`; a real kubelet on the machine would be found too).
 //! - [`IstioAgent::start`] returns once Istio's `/readyz` answers 200 (its informers synced, the ZDS server
 //!   listening, the conflist written). The process is killed on drop (its log printed if the test failed).
 
@@ -36,6 +38,7 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 
 use crate::chart;
+use crate::kubelet::Kubelet;
 use crate::mesh::Cluster;
 use crate::wait::eventually;
 
@@ -70,6 +73,7 @@ pub struct IstioAgent {
     log: PathBuf,
     zds_socket: PathBuf,
     exit: Option<ExitStatus>,
+    _kubelet: Kubelet,
 }
 
 impl IstioAgent {
@@ -86,6 +90,8 @@ impl IstioAgent {
             cluster.node.install_plugin(ISTIO_PLUGIN_TYPE, &plugin);
         }
         std::fs::create_dir_all(zds_dir).expect("ZDS socket dir");
+        // Istio's native nftables host rule matches the kubelet's uid, which it finds in /host/proc.
+        let kubelet = Kubelet::start();
         let scratch = tempfile::Builder::new().prefix("istio-agent-").tempdir().expect("Istio agent tempdir");
         let s = scratch.path();
         for sub in ["root", "net.d", "hostbin", "cnibin", "sa", "run"] {
@@ -154,7 +160,8 @@ impl IstioAgent {
             .stderr(stderr);
         let ns = cluster.node.netns().open().expect("open node netns");
         let child = ns.run(|| cmd.spawn()).expect("enter node netns").expect("spawn Istio's install-cni");
-        let mut agent = Self { child, netns: cluster.node.netns().path(), scratch, log, zds_socket, exit: None };
+        let netns = cluster.node.netns().path();
+        let mut agent = Self { child, netns, scratch, log, zds_socket, exit: None, _kubelet: kubelet };
         agent.wait_ready();
         agent
     }
