@@ -42,6 +42,8 @@ const ISTIO_SCOPES: &[(&str, &[&str])] = &[
     ("cni-agent", &["node_agent", "daemon"]),
     ("repair", &["node_agent::repair"]),
     ("iptables", &["redirect"]),
+    // The plugin's own level: install-cni writes it into the netconf (`plugin_log_level`), no target here.
+    ("cni-plugin", &[]),
 ];
 
 /// A log setting rewritten into `EnvFilter` directives.
@@ -150,6 +152,8 @@ mod tests {
         // Unknown scopes are ignored and reported; Istio's level names are translated.
         assert_eq!(translated("default:none,xds:debug,klog:fatal"), ("off".into(), vec!["xds".into(), "klog".into()]));
         assert_eq!(translated("fatal"), ("error".into(), vec![]));
+        // The plugin's scope is install-cni's business (its netconf), not a filter target, and not ignored.
+        assert_eq!(translated("default:info,cni-plugin:debug"), ("info".into(), vec![]));
         assert_eq!(translated(""), ("info".into(), vec![]));
         // Every translation is a valid filter.
         for level in ["default:info,cni:debug", "ambient:debug,iptables:warn", "cni-agent:none", "xds:debug"] {

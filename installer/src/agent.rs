@@ -58,7 +58,7 @@ impl Agent {
             ambient: config.ambient_enabled,
         };
         let entry = PluginEntry {
-            plugin_log_level: config.plugin_log_level.clone(),
+            plugin_log_level: config.plugin_log_level(),
             cni_agent_run_dir: config.cni_agent_run_dir.display().to_string(),
             ambient_enabled: config.ambient_enabled,
             enablement_selectors: config.ambient_enablement_selector.clone(),

@@ -74,9 +74,10 @@ pub struct Config {
     /// Probe/metrics ports and logging, shared by every agent binary.
     #[command(flatten)]
     pub common: daemon::common_args::CommonArgs,
-    /// Log level written into the plugin's netconf.
-    #[arg(long, env = "PLUGIN_LOG_LEVEL", default_value = "info")]
-    pub plugin_log_level: String,
+    /// Log level written into the plugin's netconf; when unset, the `cni-plugin` scope of Istio's
+    /// `--log_output_level` form (`default:info,cni-plugin:debug`), else `info` (see [`Config::plugin_log_level`]).
+    #[arg(long, env = "PLUGIN_LOG_LEVEL")]
+    pub plugin_log_level: Option<String>,
     /// Where the image keeps the binaries to install.
     #[arg(long, env = "CNI_BIN_SOURCE_DIR", default_value = "/opt/cni/bin")]
     pub cni_bin_source_dir: PathBuf,
@@ -126,9 +127,21 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 /// `AMBIENT_ENABLEMENT_SELECTOR` in YAML or JSON, checked, as the JSON the netconf carries.
 fn parse_selectors(s: &str) -> Result<serde_json::Value, String> {
     if s.trim().is_empty() {
-        return Ok(Selectors::default().to_json());
+        return Ok(netconf_selectors(&Selectors::default()));
     }
-    Selectors::parse(s).map(|selectors| selectors.to_json()).map_err(|e| e.to_string())
+    Selectors::parse(s).map(|selectors| netconf_selectors(&selectors)).map_err(|e| e.to_string())
+}
+
+/// The selectors in the shape Istio's install-cni writes them into the netconf (Go marshals its struct): every
+/// entry has both `podSelector` and `namespaceSelector`, `{}` (matching everything) for one not given.
+fn netconf_selectors(selectors: &Selectors) -> serde_json::Value {
+    let mut json = selectors.to_json();
+    for entry in json.as_array_mut().into_iter().flatten().filter_map(serde_json::Value::as_object_mut) {
+        for key in ["podSelector", "namespaceSelector"] {
+            entry.entry(key).or_insert_with(|| serde_json::json!({}));
+        }
+    }
+    json
 }
 
 fn parse_seconds(s: &str) -> Result<Duration, String> {
@@ -167,6 +180,18 @@ impl Config {
         }
         config.exclude_namespaces.retain(|n| !n.is_empty());
         Ok(config)
+    }
+
+    /// The plugin's log level, as Istio's install-cni passes it down: `PLUGIN_LOG_LEVEL` when set, else the level
+    /// of the `cni-plugin` scope in the log level's Istio form (`--log_output_level=default:info,cni-plugin:debug`
+    /// gives `debug`; a bare level is the `default` scope's only, as in Istio), else `info`.
+    pub fn plugin_log_level(&self) -> String {
+        if let Some(level) = self.plugin_log_level.as_deref().map(str::trim).filter(|l| !l.is_empty()) {
+            return level.to_owned();
+        }
+        let mut scoped = self.common.log_level.split(',').filter_map(|entry| entry.trim().split_once(':'));
+        let plugin = scoped.rfind(|(scope, _)| scope.trim() == "cni-plugin");
+        plugin.map_or_else(|| "info".to_owned(), |(_, level)| level.trim().to_owned())
     }
 
     /// Checks what clap cannot: paths must be absolute, names must be plain file names.
@@ -272,6 +297,17 @@ mod tests {
     }
 
     #[test]
+    fn the_plugin_log_level_follows_istios_cni_plugin_scope() {
+        let level = |args: &[&str]| parse(args).unwrap().plugin_log_level();
+        assert_eq!(level(&[]), "info");
+        assert_eq!(level(&["--log_output_level=default:debug,cni-plugin:debug"]), "debug");
+        assert_eq!(level(&["--log_output_level=cni-plugin:warn"]), "warn");
+        // A bare level is Istio's `default` scope only: the plugin stays at info, as in Istio.
+        assert_eq!(level(&["--log_output_level=debug"]), "info");
+        assert_eq!(level(&["--log_output_level=cni-plugin:debug", "--plugin-log-level=error"]), "error");
+    }
+
+    #[test]
     fn bad_values_name_the_setting() {
         let err = parse(&["--kubeconfig-mode", "999"]).unwrap_err().to_string();
         assert!(err.contains("kubeconfig-mode"), "{err}");
@@ -289,7 +325,9 @@ mod tests {
         let from_yaml = parse(&["--ambient-enablement-selector", yaml]).unwrap().ambient_enablement_selector;
         let from_json = parse(&["--ambient-enablement-selector", json]).unwrap().ambient_enablement_selector;
         assert_eq!(from_yaml, from_json);
-        assert_eq!(from_yaml, serde_json::json!([{"podSelector": {"matchLabels": {"mesh": "ambient"}}}]));
+        // In Istio's netconf shape: both selectors, `{}` for the one not given.
+        let want = serde_json::json!([{"podSelector": {"matchLabels": {"mesh": "ambient"}}, "namespaceSelector": {}}]);
+        assert_eq!(from_yaml, want);
         let err = parse(&["--ambient-enablement-selector", "{not: [a list"]).unwrap_err().to_string();
         assert!(err.contains("ambient-enablement-selector"), "{err}");
     }

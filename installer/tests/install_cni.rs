@@ -525,8 +525,11 @@ fn a_yaml_enablement_selector_reaches_the_netconf() {
     let run = installed(&installer);
     let list = read_json(&installer.net_d.join(PRIMARY)).unwrap();
     let want = json!([
-        { "podSelector": { "matchLabels": { "mesh": "ambient" } } },
-        { "podSelector": { "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["front"] }] } },
+        { "podSelector": { "matchLabels": { "mesh": "ambient" } }, "namespaceSelector": {} },
+        {
+            "podSelector": { "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["front"] }] },
+            "namespaceSelector": {}
+        },
     ]);
     assert_eq!(list["plugins"][1]["enablement_selectors"], want, "{list:#}\n{}", run.log());
 }

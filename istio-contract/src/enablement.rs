@@ -21,7 +21,8 @@ pub enum SelectorError {
     Operator(String),
 }
 
-/// One entry: the pod matches when both selectors match (a missing selector matches everything).
+/// One entry: the pod matches when both selectors match (a missing or empty selector matches everything; parsing
+/// reads an empty one, `{}` as Istio writes it into the netconf, as missing).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EnablementSelector {
@@ -72,7 +73,7 @@ impl Selectors {
     pub fn parse(text: &str) -> Result<Selectors, SelectorError> {
         let s: Selectors = serde_yaml::from_str(text).map_err(|e| SelectorError::Parse(e.to_string()))?;
         s.validate()?;
-        Ok(s)
+        Ok(s.without_empty())
     }
 
     /// From the netconf's already-decoded JSON value (`null` or absent means the defaults).
@@ -83,7 +84,7 @@ impl Selectors {
                 let s: Selectors =
                     serde_json::from_value(v.clone()).map_err(|e| SelectorError::Parse(e.to_string()))?;
                 s.validate()?;
-                Ok(s)
+                Ok(s.without_empty())
             }
         }
     }
@@ -96,6 +97,23 @@ impl Selectors {
     /// The selectors as YAML, the form `AMBIENT_ENABLEMENT_SELECTOR` takes in Istio's chart.
     pub fn to_yaml(&self) -> String {
         serde_yaml::to_string(self).unwrap_or_else(|_| unreachable!("label selectors always serialize"))
+    }
+
+    /// Empty selectors (no labels, no expressions: they match everything) as missing ones, which mean the same, so
+    /// `decide_without_namespace` need not fetch a namespace for `namespaceSelector: {}`.
+    fn without_empty(mut self) -> Self {
+        let empty = |s: &LabelSelector| {
+            s.match_labels.as_ref().is_none_or(|l| l.is_empty())
+                && s.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+        };
+        for entry in &mut self.0 {
+            for selector in [&mut entry.pod_selector, &mut entry.namespace_selector] {
+                if selector.as_ref().is_some_and(empty) {
+                    *selector = None;
+                }
+            }
+        }
+        self
     }
 
     fn validate(&self) -> Result<(), SelectorError> {
@@ -248,6 +266,17 @@ mod tests {
         assert!(s.matches(&empty, &ambient), "namespace label alone");
         assert!(!s.matches(&none, &ambient), "pod opts out with none");
         assert!(!s.matches(&empty, &empty));
+    }
+
+    /// Istio writes `{}` for a selector not given (Go marshals its struct); it means the same as a missing one.
+    #[test]
+    fn an_empty_selector_is_a_missing_one() {
+        let istio = serde_json::json!([{ "podSelector": { "matchLabels": { "a": "b" } }, "namespaceSelector": {} }]);
+        let s = Selectors::from_json(Some(&istio)).unwrap();
+        assert_eq!(s.0[0].namespace_selector, None);
+        assert_eq!(s.decide_without_namespace(&labels(&[("a", "b")])), Some(true));
+        let s = Selectors::parse("- podSelector: {}\n  namespaceSelector: {matchLabels: {}}\n").unwrap();
+        assert_eq!(s.0[0], EnablementSelector::default());
     }
 
     #[test]
