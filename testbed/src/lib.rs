@@ -10,6 +10,7 @@ pub mod hbone_proxy;
 pub mod http;
 pub mod install_cni;
 pub mod istio_agent;
+pub mod istio_install_cni;
 pub mod kubelet;
 pub mod mesh;
 pub mod netns_guard;
