@@ -32,6 +32,8 @@ pub const SET_PREFIX: &str = "istio-inpod-probes";
 pub const CHAIN: &str = "ISTIO_POSTRT";
 /// The nftables table holding the sets and the postrouting chain.
 pub const NFT_TABLE: &str = "istio-ambient-nat";
+/// The nftables probe sets' comment, Istio's words.
+const SET_COMMENT: &str = "UUID of the pods that are part of ambient mesh";
 
 /// Name of the set of `family`.
 pub fn set_name(family: Family) -> String {
@@ -233,8 +235,10 @@ impl HostProbe {
                     }
                 }
                 Backend::Nftables => {
-                    let sets: Vec<AddrSet> =
-                        families.iter().map(|&family| AddrSet { name: set_name(family), family }).collect();
+                    let sets: Vec<AddrSet> = families
+                        .iter()
+                        .map(|&family| AddrSet { name: set_name(family), family, comment: Some(SET_COMMENT.into()) })
+                        .collect();
                     set::ensure(NFT_TABLE, &sets, &nft_chain(), &nft_rules(cfg))?;
                 }
             }

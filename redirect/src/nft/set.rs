@@ -23,6 +23,7 @@ const NFTA_SET_NAME: u16 = 2;
 const NFTA_SET_KEY_TYPE: u16 = 4;
 const NFTA_SET_KEY_LEN: u16 = 5;
 const NFTA_SET_ID: u16 = 10;
+const NFTA_SET_USERDATA: u16 = 13;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
@@ -35,6 +36,8 @@ const TYPE_IPADDR: u32 = 7;
 const TYPE_IP6ADDR: u32 = 8;
 /// libnftnl's element user-data TLV type of a comment (NFTNL_UDATA_SET_ELEM_COMMENT).
 const UDATA_ELEM_COMMENT: u8 = 0;
+/// libnftnl's set user-data TLV type of a comment (NFTNL_UDATA_SET_COMMENT).
+const UDATA_SET_COMMENT: u8 = 7;
 const NFPROTO_INET: u8 = 1;
 const FIRST_SEQ: u32 = 1;
 
@@ -45,6 +48,8 @@ pub struct AddrSet {
     pub name: String,
     /// Family of its addresses.
     pub family: Family,
+    /// The set's comment (`nft list` shows it), if any.
+    pub comment: Option<String>,
 }
 
 /// One element: an address and its comment.
@@ -73,6 +78,9 @@ pub(crate) fn ensure(table: &str, sets: &[AddrSet], chain: &NftChain, rules: &[V
                 w.be32(NFTA_SET_KEY_TYPE, key_type);
                 w.be32(NFTA_SET_KEY_LEN, key_len);
                 w.be32(NFTA_SET_ID, i as u32 + 1);
+                if let Some(comment) = &set.comment {
+                    w.put(NFTA_SET_USERDATA, &comment_udata(UDATA_SET_COMMENT, comment));
+                }
             });
         }
         b.chain(table, chain);
@@ -125,13 +133,17 @@ fn element(w: &mut Writer, e: &Element, delete: bool) {
     };
     w.nest(NFTA_SET_ELEM_KEY, |w| w.put(NFTA_DATA_VALUE, &key));
     if let (Some(comment), false) = (&e.comment, delete) {
-        // libnftnl user data: type, length, NUL-terminated comment.
-        let mut text = comment.as_bytes()[..comment.len().min(254)].to_vec();
-        text.push(0);
-        let mut udata = vec![UDATA_ELEM_COMMENT, text.len() as u8];
-        udata.extend_from_slice(&text);
-        w.put(NFTA_SET_ELEM_USERDATA, &udata);
+        w.put(NFTA_SET_ELEM_USERDATA, &comment_udata(UDATA_ELEM_COMMENT, comment));
     }
+}
+
+/// libnftnl user data holding one comment: TLV type `ty`, length, the NUL-terminated comment (at most 254 bytes).
+fn comment_udata(ty: u8, comment: &str) -> Vec<u8> {
+    let mut text = comment.as_bytes()[..comment.len().min(254)].to_vec();
+    text.push(0);
+    let mut udata = vec![ty, text.len() as u8];
+    udata.extend_from_slice(&text);
+    udata
 }
 
 /// Every element of `set` in `table` of the calling thread's netns; `Ok(None)` if the set does not exist.
