@@ -76,11 +76,17 @@ enum Intended {
     /// `default`, the account Kubernetes runs it as; Istio sends the empty name, from which a proxy derives an
     /// identity with an empty service account. Istio's `sa ""` is read as `sa "default"`.
     DefaultServiceAccount,
+    /// With native nftables, our netlink rules hold the same matches as Istio's `nft` rules, some in another order
+    /// (`ip daddr != 127.0.0.1 oifname "lo"` for `oifname "lo" ip daddr != 127.0.0.1`): the same packets match
+    /// (docs/plugin.md, "Native nftables spelling"). Each nft rule is compared as its words in sorted order; rules
+    /// keep their place in their chain.
+    NftMatchOrder,
 }
 
 impl Intended {
     /// Every intended difference, applied in this order.
-    const ALL: [Intended; 2] = [Intended::DetectionProbeTables, Intended::DefaultServiceAccount];
+    const ALL: [Intended; 3] =
+        [Intended::DetectionProbeTables, Intended::DefaultServiceAccount, Intended::NftMatchOrder];
 
     /// Forgives this difference in a pod netns dump.
     fn apply(self, dump: &mut BTreeMap<String, String>) {
@@ -91,13 +97,18 @@ impl Intended {
                 }
             }
             Intended::DefaultServiceAccount => {}
+            Intended::NftMatchOrder => {
+                if let Some(nft) = dump.get_mut("nft") {
+                    *nft = nft.lines().map(words_sorted).collect::<Vec<_>>().join("\n");
+                }
+            }
         }
     }
 
     /// Forgives this difference in the ZDS requests Istio's agent sent (as [`Side::zds`] describes them).
     fn apply_zds(self, istio: Vec<String>) -> Vec<String> {
         match self {
-            Intended::DetectionProbeTables => istio,
+            Intended::DetectionProbeTables | Intended::NftMatchOrder => istio,
             Intended::DefaultServiceAccount => {
                 istio.into_iter().map(|r| r.replace(" sa \"\")", " sa \"default\")")).collect()
             }
@@ -120,6 +131,16 @@ impl Intended {
     fn forgive_zds(istio: Vec<String>) -> Vec<String> {
         Intended::ALL.iter().fold(istio, |zds, intended| intended.apply_zds(zds))
     }
+}
+
+/// An nft rule line (two tabs deep) with its words sorted; other lines as they are.
+fn words_sorted(line: &str) -> String {
+    if !line.starts_with("\t\t") {
+        return line.to_owned();
+    }
+    let mut words: Vec<&str> = line.split_whitespace().collect();
+    words.sort_unstable();
+    format!("\t\t{}", words.join(" "))
 }
 
 /// Normalized `nft list ruleset` text ([`normalize_nft`]) without the chains that hold no rule (a base chain with
