@@ -22,7 +22,8 @@
 //!   available from [`IstioAgent::conflist`], with the entry's `type` renamed to [`ISTIO_PLUGIN_TYPE`] (Istio's
 //!   plugin binary, installed in the node's bin dir under that name beside ours).
 //! - A stand-in [`Kubelet`] runs beside it, as on a node (Istio's native nftables host probe rule matches the
-//!   kubelet's uid, found in `/host/proc`; a real kubelet on the machine would be found too).
+//!   kubelet's uid, found in `/host/proc`); another kubelet on the machine (a real node's,
+//!   [`crate::kubelet::foreign_kubelets`]) is hidden from its `/host/proc` under an empty dir.
 //! - [`IstioAgent::start`] returns once Istio's `/readyz` answers 200 (its informers synced, the ZDS server
 //!   listening, the conflist written). The process is killed on drop (its log printed if the test failed).
 
@@ -149,8 +150,10 @@ impl IstioAgent {
         let stderr = File::create(&log).expect("Istio agent log file");
         let stdout = stderr.try_clone().expect("Istio agent log file");
         let mut cmd = Command::new("unshare");
+        let foreign: Vec<String> = crate::kubelet::foreign_kubelets().iter().map(u32::to_string).collect();
         cmd.args(["--mount", "--propagation", "slave", "sh", "-c", ROOT_SCRIPT, "istio-agent-root"])
             .arg(s)
+            .arg(foreign.join(" "))
             .arg(bin.join("install-cni"))
             .args(["--log_output_level", "default:debug"])
             .env_clear()
@@ -261,10 +264,10 @@ impl Drop for IstioAgent {
     }
 }
 
-/// Builds the agent's root in `$1/root` (see the module doc) and execs `$2` with the remaining arguments chrooted
-/// into it. Runs in a fresh mount namespace whose mounts are slaves of the machine's.
+/// Builds the agent's root in `$1/root` (see the module doc), hides the `/host/proc` entries of the pids in `$2`,
+/// and execs `$3` with the remaining arguments chrooted into it. Runs in a fresh mount namespace whose mounts are slaves of the machine's.
 const ROOT_SCRIPT: &str = r#"set -eu
-s=$1; bin=$2; shift 2
+s=$1; hide=$2; bin=$3; shift 3
 r=$s/root
 mount -t tmpfs istio-agent-root "$r"
 for d in /*; do
@@ -282,6 +285,9 @@ mount --rbind /proc "$r/host/proc"
 # Istio takes /host/proc/1's netns for the host's; here that is the node netns this very process (it execs the
 # agent) runs in. The machine's own pid 1 may not be inspectable at all.
 mount --bind "/proc/$$" "$r/host/proc/1"
+# Another kubelet on the machine (a real node's) is not this node's: hidden, as NodeAgent hides it.
+mkdir "$s/hidden-proc"
+for pid in $hide; do mount --bind "$s/hidden-proc" "$r/host/proc/$pid" || true; done
 mount --rbind /run/netns "$r/host/var/run/netns"
 mount --bind "$s/net.d" "$r/host/etc/cni/net.d"
 mount --bind "$s/hostbin" "$r/host/opt/cni/bin"
