@@ -9,6 +9,8 @@ mod attach;
 mod hbone;
 mod installer_repair;
 mod iperf;
+mod istio_ref;
+mod load;
 mod node_scale;
 mod pod_rules;
 mod report;

@@ -4,7 +4,8 @@
 # default /var/cache/istio-cni-rs/istio-ref). A second run finds every binary cached and returns at once.
 # Test references only (issue #29): nothing built here goes into our images or our code.
 #
-#   scripts/istio-ref/build.sh [cni|pilot-discovery|bin-dir]     (default cni: istio-cni and install-cni)
+#   scripts/istio-ref/build.sh [cni|pilot-discovery|bin-dir|version]     (default cni: istio-cni and install-cni)
+#   (bin-dir and version print where the binaries are and the pinned istio.io/istio version, touching nothing)
 #
 # The version is pinned here, in one place: istio.io/istio is served only as a pseudo-version.
 set -euo pipefail
@@ -17,6 +18,8 @@ ROOT="$CACHE/istio-$ISTIO_VERSION"
 OUT="$ROOT/bin"
 # Where the binaries are (or will be), for the tests: answered without touching anything.
 if [ "${1:-}" = bin-dir ]; then echo "$OUT"; exit 0; fi
+# The pinned version, for what reports it (the benchmark's section).
+if [ "${1:-}" = version ]; then echo "$ISTIO_VERSION"; exit 0; fi
 
 # shellcheck source=../lib/go-reference-build.sh
 . "$(dirname "$0")/../lib/go-reference-build.sh"
@@ -79,5 +82,5 @@ build_pilot() {
 case "${1:-cni}" in
   cni) build_cni ;;
   pilot-discovery) build_pilot ;;
-  *) echo "usage: $0 [cni|pilot-discovery|bin-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [cni|pilot-discovery|bin-dir|version]" >&2; exit 2 ;;
 esac
