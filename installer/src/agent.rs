@@ -230,7 +230,14 @@ impl Agent {
             }
         }
         let plan = match cniconf::desired(&dir, &self.settings, &self.entry) {
-            Ok(Some(plan)) => Desired { mode: self.config.conf_mode().unwrap_or(plan.mode), ..plan },
+            Ok(Some(plan)) => {
+                // As Istio: the primary we chain into keeps its own mode (another CNI's file, whose mode is that
+                // CNI's call, and cleanup then leaves it as it was); a file of our own (standalone, Istio-owned)
+                // gets the configured mode, 0640 with CNI_CONF_GROUP_READ, else 0600.
+                let own_file = !self.settings.chained || self.settings.effective_owned().is_some();
+                let mode = if own_file { self.config.conf_mode().unwrap_or(cniconf::NEW_FILE_MODE) } else { plan.mode };
+                Desired { mode, ..plan }
+            }
             Ok(None) => return Err(format!("waiting for a primary CNI config in {}", dir.display())),
             Err(e) => {
                 self.metrics.install(Outcome::CreateCniConfigFailure);

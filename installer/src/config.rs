@@ -258,8 +258,8 @@ impl Config {
         }
     }
 
-    /// The permission bits of the CNI config we write when `CNI_CONF_GROUP_READ` is on; `None` keeps the
-    /// existing file's (or a new file's default).
+    /// The permission bits of a CNI config file of our own (standalone, Istio-owned) when `CNI_CONF_GROUP_READ`
+    /// is on; `None` means the default, 0600. A primary we chain into always keeps its own mode.
     pub fn conf_mode(&self) -> Option<u32> {
         self.cni_conf_group_read.then_some(0o640)
     }

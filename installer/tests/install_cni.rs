@@ -504,14 +504,25 @@ fn istios_log_flags_set_a_scoped_level_and_json_lines() {
     assert!(lines.iter().any(|l| l["level"] == "DEBUG"), "no debug line:\n{log}");
 }
 
-/// Istio's `CNI_CONF_GROUP_READ`: the CNI config install-cni writes is readable by its group (0640).
+/// Istio's `CNI_CONF_GROUP_READ`: a CNI config file of install-cni's own (here standalone) is readable by its group
+/// (0640); a primary it chains into keeps its own mode, as in Istio.
 #[test]
-fn cni_conf_group_read_makes_the_written_config_0640() {
+fn cni_conf_group_read_makes_our_own_config_0640_and_keeps_the_primarys_mode() {
     let (_cluster, mut installer) = node_with_bridge();
+    let primary = installer.net_d.join(PRIMARY);
+    std::fs::set_permissions(&primary, std::fs::Permissions::from_mode(0o644)).unwrap();
     installer.env("CNI_CONF_GROUP_READ", "true");
-    let _run = installed(&installer);
-    let mode = std::fs::metadata(installer.net_d.join(PRIMARY)).unwrap().mode() & 0o777;
-    assert_eq!(mode, 0o640, "mode {mode:o}");
+    let mut run = installed(&installer);
+    let mode = std::fs::metadata(&primary).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o644, "the primary's mode {mode:o}");
+    run.terminate();
+
+    std::fs::remove_file(&primary).unwrap();
+    installer.env("CHAINED_CNI_PLUGIN", "false");
+    let run = installer.start();
+    run.wait_readyz(200);
+    let mode = std::fs::metadata(installer.net_d.join("YYY-istio-cni.conf")).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o640, "the standalone config's mode {mode:o}\n{}", run.log());
 }
 
 /// `AMBIENT_ENABLEMENT_SELECTOR` in YAML, as Istio's chart renders it, is accepted and reaches the plugin's netconf
