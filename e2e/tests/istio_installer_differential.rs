@@ -6,7 +6,9 @@
 //! `../shared/istio-reference/INDEX.md` §4b: a `.conf`, a `.conflist`, invalid files to skip, a missing primary,
 //! a primary written late, and standalone mode) from identical starting conf dirs, with the same settings (Istio's
 //! env names, the same `--log_output_level`, the same service-account token and CA, the same API server address).
-//! Istio's runs chrooted into a private root (testbed's `istio_install_cni`), ours as the DaemonSet runs it.
+//! Istio's runs chrooted into a private root (testbed's `istio_install_cni`), ours as the DaemonSet runs it. Beyond
+//! the fixtures, the chart's other install-cni settings: `AMBIENT_ENABLEMENT_SELECTOR` unset, `SKIP_TLS_VERIFY`,
+//! `KUBERNETES_SERVICE_PROTOCOL=http` and `CNI_CONF_GROUP_READ` (on a `.conflist`, a converted `.conf`, standalone).
 //!
 //! For each case, at three points (installed; after someone removed our entry, or deleted the standalone file, and
 //! the installer restored it; after SIGTERM and cleanup), the two must agree on:
@@ -84,6 +86,8 @@ struct Case {
     checked: &'static str,
     /// Runs without `AMBIENT_ENABLEMENT_SELECTOR` (not one of Istio's fixtures: the binaries' own defaults).
     selector_unset: bool,
+    /// Settings beyond [`SETTINGS`], for both (not in Istio's fixtures: the chart's other install-cni settings).
+    env: &'static [(&'static str, &'static str)],
 }
 
 fn cases() -> Vec<Case> {
@@ -95,6 +99,7 @@ fn cases() -> Vec<Case> {
         delayed: None,
         checked,
         selector_unset: false,
+        env: &[],
     };
     vec![
         c("pre-plugins .conflist", Some("00-calico.conflist"), &["calico.conflist"], "00-calico.conflist"),
@@ -157,6 +162,27 @@ fn cases() -> Vec<Case> {
         Case {
             selector_unset: true,
             ..c("pre-plugins .conflist, no selector set", None, &["calico.conflist"], "00-calico.conflist")
+        },
+        Case {
+            env: &[("SKIP_TLS_VERIFY", "true")],
+            ..c("pre-plugins .conflist, SKIP_TLS_VERIFY", None, &["calico.conflist"], "00-calico.conflist")
+        },
+        Case {
+            env: &[("KUBERNETES_SERVICE_PROTOCOL", "http")],
+            ..c("pre-plugins .conflist, http API server", None, &["calico.conflist"], "00-calico.conflist")
+        },
+        Case {
+            env: &[("CNI_CONF_GROUP_READ", "true")],
+            ..c("pre-plugins .conflist, group read", None, &["calico.conflist"], "00-calico.conflist")
+        },
+        Case {
+            env: &[("CNI_CONF_GROUP_READ", "true")],
+            ..c("no pre-plugins .conf, group read", None, &["minikube_cni.conf"], "00-minikube_cni.conflist")
+        },
+        Case {
+            chained: false,
+            env: &[("CNI_CONF_GROUP_READ", "true")],
+            ..c("standalone default, group read", None, &[], "YYY-istio-cni.conf")
         },
     ]
 }
@@ -470,6 +496,7 @@ fn run_case(cluster: &Cluster, istio_bin: &Path, case: &Case) -> Vec<(&'static s
     if let Some(name) = case.conf_name {
         common.push(("CNI_CONF_NAME", name.into()));
     }
+    common.extend(case.env.iter().map(|(k, v)| (*k, v.to_string())));
     for (k, v) in &common {
         ours.env(k, v);
         istio.env(k, v);
