@@ -4,23 +4,30 @@
 //! Istio's agent (its `install-cni` with ambient on, built by `scripts/istio-ref/build.sh`, run by
 //! [`testbed::istio_agent::IstioAgent`]) and ours each run on a node of their own (a netns with its bridge, a fake
 //! API server holding the same namespaces and pods), with the same settings (Istio's defaults: DNS capture and IPv6
-//! on, the default enablement selectors, `kube-system` excluded). Each side's plugin is its own: Istio's node gets
-//! the conflist Istio's installer wrote (its `istio-cni` entry, run as Istio's binary), ours the same conflist with
-//! our plugin. A [`ZdsPeer`] stands in for the node proxy on each agent's ZDS socket and records what it gets. The
-//! same pods then go through CNI ADD on both nodes, in the same order, and these must be equal:
+//! on, the default enablement selectors, `kube-system` excluded), once on iptables (the flavour each detects) and
+//! once on native nftables. Each side's plugin is its own: Istio's node gets the conflist Istio's installer wrote
+//! (its `istio-cni` entry, run as Istio's binary), ours the same entry run as our plugin. A [`ZdsPeer`] stands in
+//! for the node proxy on each agent's ZDS socket and records what it gets. The same pods (an ambient namespace's,
+//! a pod-level label, DNS capture off, probe ports, inbound capture bypassed, an opt-out by label, a sidecar pod in
+//! the ambient namespace, a pod of a namespace not in ambient) then go through CNI ADD on both nodes, in the same
+//! order, as the kubelet would report their addresses after, and these must be equal:
 //!
-//! - each pod's in-pod rules (`iptables-save` of both families, nft and legacy flavours, and the policy routing),
-//!   normalized only for chain order, comments and counters;
-//! - the host probe rule in the node netns (the `nat` tables of both families, both flavours) and the probe set's
-//!   entries (pod IPs and UIDs replaced by the pod's name, as the nodes' subnets and the API servers' UIDs differ),
-//!   and its effect: a connection from the node to an enrolled pod arrives from 169.254.7.127, one to a pod not
-//!   enrolled from the node's bridge address;
-//! - the ZDS requests (kind, pod, workload info, the netns fd being the pod's) in order;
-//! - the pod annotation `ambient.istio.io/redirection`, after enrollment and after a pod opts out.
+//! - each pod's in-pod rules (`nft list ruleset`, `iptables-save` of both families in the nft and legacy flavours,
+//!   the policy routing rules and table 100), normalized only for chain order, comments and counters;
+//! - the host probe rule and probe set in the node netns (`nft list ruleset`, `iptables-save`, `ipset list`; pod
+//!   IPs and UIDs replaced by the pod's name, as the nodes' subnets and the API servers' UIDs differ), and its
+//!   effect: a connection from the node (as the kubelet's uid) to an enrolled pod arrives from 169.254.7.127, one to
+//!   a pod not enrolled from the node's bridge address;
+//! - the ZDS requests in order (kind, pod, workload name, namespace and service account, the one fd being the pod's
+//!   netns): the ADDs; a restarted proxy's snapshot (compared as a set, then `SnapshotSent`); `Del` when a pod opts
+//!   out by label and when a pod is deleted;
+//! - the pod annotation `ambient.istio.io/redirection`, after each ADD and after the opt-out; the rules and the probe
+//!   set after the opt-out and the deletion;
+//! - and every request Istio's agent and plugin made of the fake API server succeeded.
 //!
 //! A second test shows Istio's agent driving our real `hbone-proxy`: the proxy connects to Istio's agent's ZDS
-//! socket, acks the pod Istio's agent sends, lists it, and the pod gets its annotation (Istio annotates only after
-//! the ack).
+//! socket, acks the pod Istio's agent sends (Istio annotates only after the ack), runs the pod's listeners in the
+//! netns it got, and lists the pod.
 //!
 //! The differences we keep on purpose are named in [`Intended`] and listed in docs/node-agent.md ("Where we differ
 //! from Istio, and why"); nothing else may differ.
@@ -203,16 +210,19 @@ struct Case {
     what: &'static str,
 }
 
+/// `pod` running as service account `app`.
 fn with_sa(mut pod: Value) -> Value {
     pod["spec"]["serviceAccountName"] = json!("app");
     pod
 }
 
+/// `pod` with its own `istio.io/dataplane-mode` label.
 fn labelled(mut pod: Value, mode: &str) -> Value {
     pod["metadata"]["labels"][names::DATAPLANE_MODE_LABEL] = json!(mode);
     pod
 }
 
+/// `pod` with annotation `key`.
 fn annotated(mut pod: Value, key: &str, value: &str) -> Value {
     pod["metadata"]["annotations"][key] = json!(value);
     pod
