@@ -17,7 +17,8 @@ fi
 # Istio's own istio-cni and install-cni (scripts/istio-ref/build.sh: the pinned istio.io/istio module, cached; about
 # 4 minutes cold): e2e/tests/istio_differential.rs runs generated pods through Istio's plugin and ours and compares
 # the rules; e2e/tests/istio_installer_differential.rs runs Istio's installer fixtures through both install-cnis and
-# compares what each writes and leaves. ISTIO_REF=0 skips them.
+# compares what each writes and leaves; e2e/tests/istio_ambient_differential.rs has Istio's ambient node agent and
+# ours enroll the same pods and compares rules, probe SNAT, ZDS and annotations. ISTIO_REF=0 skips them.
 if [ "${ISTIO_REF:-1}" != 0 ]; then
   scripts/istio-ref/build.sh
   export ISTIO_REF_REQUIRED=1
