@@ -759,4 +759,8 @@ fn istio_agent_drives_our_hbone_proxy() {
     eprintln!("listed: {listed}");
     assert!(agent.log().contains("sending pod add to ztunnel"), "log:\n{}", agent.log());
     drop(web);
+    // Istio's agent stops cleanly on SIGTERM, as the kubelet stops it.
+    let mut agent = agent;
+    let status = agent.stop();
+    assert!(status.success(), "Istio's agent exited with {status}; log:\n{}", agent.log());
 }
