@@ -264,10 +264,31 @@ impl Agent {
             Change::Wrote(file) if !existed => self.journal.conf(ConfRecord::Created { file }),
             _ => {}
         }
+        if let Some(old) = self.installed_conf.clone().filter(|old| *old != plan.target) {
+            self.leave(&old);
+        }
         self.save_journal();
         self.metrics.install(Outcome::Success);
         self.installed_conf = Some(plan.target.clone());
         Ok(())
+    }
+
+    /// Our entry moved to another primary (a higher-priority file appeared, or the old one was unreadable for a
+    /// moment, as a non-atomic rewrite leaves it): what we did to `old` (our entry, a conversion) is reverted now,
+    /// not at cleanup, so only the file runtimes load holds our entry. (Istio instead stays with the first primary
+    /// it chose.)
+    fn leave(&mut self, old: &Path) {
+        let was_old = |r: &ConfRecord| match r {
+            ConfRecord::Inserted { file } => file == old,
+            ConfRecord::Converted { to, .. } => to == old,
+            ConfRecord::Created { .. } => false,
+        };
+        let (left, kept): (Vec<_>, Vec<_>) = self.journal.conf.drain(..).partition(was_old);
+        self.journal.conf = kept;
+        for record in &left {
+            tracing::info!(file = %old.display(), "our entry moved to another primary; reverting this one");
+            revert(record);
+        }
     }
 
     fn reverted(&mut self, why: &Invalid) {

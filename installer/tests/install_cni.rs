@@ -242,6 +242,33 @@ fn sigterm_leaves_net_d_as_it_was_and_removes_the_kubeconfig_and_binary() {
     assert!(left.is_empty(), "run dir not empty after cleanup: {left:?}");
 }
 
+/// A higher-priority primary appears: our entry moves into it, and the old primary is left as it was (not only at
+/// cleanup). A `.conf` we converted and then left becomes its original `.conf` again.
+#[test]
+fn a_higher_priority_primary_takes_our_entry_and_the_old_one_is_left_as_it_was() {
+    let (cluster, installer) = node_with_bridge();
+    let (conf, conf_text) = single_bridge_conf(&cluster, &installer);
+    let primary = installer.net_d.join(PRIMARY);
+    std::fs::remove_file(&primary).unwrap();
+    let before = snapshot(&installer.net_d);
+    let mut run = installed(&installer);
+    assert!(!conf.exists(), "10-bridge.conf not converted: {:?}", file_names(&installer.net_d));
+
+    let higher = installer.net_d.join("05-bridge.conflist");
+    let tmp = installer.net_d.join(".05-bridge.tmp");
+    write_json(&tmp, &cluster.node.conflist(vec![]));
+    std::fs::rename(&tmp, &higher).unwrap();
+    run.until("our entry moves into 05-bridge.conflist", || chained(&higher).then_some(()));
+    run.until("10-bridge.conf is back as it was", || {
+        (std::fs::read_to_string(&conf).ok().as_deref() == Some(conf_text.as_str()) && !primary.exists()).then_some(())
+    });
+    run.wait_readyz(200);
+
+    assert!(run.terminate().success(), "install-cni failed on SIGTERM:\n{}", run.log());
+    std::fs::remove_file(&higher).unwrap();
+    assert_eq!(snapshot(&installer.net_d), before, "net.d differs after cleanup:\n{}", run.log());
+}
+
 /// The node's bridge plugin alone as the single-plugin `10-bridge.conf`, which install-cni converts into
 /// [`PRIMARY`]; returns its path and exact text.
 fn single_bridge_conf(cluster: &Cluster, installer: &Installer) -> (PathBuf, String) {
