@@ -8,7 +8,8 @@
 //! env names, the same `--log_output_level`, the same service-account token and CA, the same API server address).
 //! Istio's runs chrooted into a private root (testbed's `istio_install_cni`), ours as the DaemonSet runs it. Beyond
 //! the fixtures, the chart's other install-cni settings: `AMBIENT_ENABLEMENT_SELECTOR` unset, `SKIP_TLS_VERIFY`,
-//! `KUBERNETES_SERVICE_PROTOCOL=http` and `CNI_CONF_GROUP_READ` (on a `.conflist`, a converted `.conf`, standalone).
+//! `KUBERNETES_SERVICE_PROTOCOL=http` and `CNI_CONF_GROUP_READ` (on a `.conflist`, a converted `.conf`, standalone);
+//! and a higher-priority primary written after the install (compared at a fourth point, "preempted").
 //!
 //! For each case, at three points (installed; after someone removed our entry, or deleted the standalone file, and
 //! the installer restored it; after SIGTERM and cleanup), the two must agree on:
@@ -86,6 +87,8 @@ struct Case {
     checked: &'static str,
     /// Runs without `AMBIENT_ENABLEMENT_SELECTOR` (not one of Istio's fixtures: the binaries' own defaults).
     selector_unset: bool,
+    /// A `pre/` file written as the given (higher-priority) name once both have installed and restored.
+    higher: Option<(&'static str, &'static str)>,
     /// Settings beyond [`SETTINGS`], for both (not in Istio's fixtures: the chart's other install-cni settings).
     env: &'static [(&'static str, &'static str)],
 }
@@ -99,6 +102,7 @@ fn cases() -> Vec<Case> {
         delayed: None,
         checked,
         selector_unset: false,
+        higher: None,
         env: &[],
     };
     vec![
@@ -162,6 +166,10 @@ fn cases() -> Vec<Case> {
         Case {
             selector_unset: true,
             ..c("pre-plugins .conflist, no selector set", None, &["calico.conflist"], "00-calico.conflist")
+        },
+        Case {
+            higher: Some(("calico.conflist", "00-a-late.conflist")),
+            ..c("a higher-priority primary appears", None, &["calico.conflist"], "00-calico.conflist")
         },
         Case {
             env: &[("SKIP_TLS_VERIFY", "true")],
@@ -262,7 +270,11 @@ impl Side {
     }
 
     fn has_entry(&self, checked: &str) -> bool {
-        let Ok(bytes) = fs::read(self.net_d.join(checked)) else { return false };
+        Self::has_entry_in(&self.net_d.join(checked))
+    }
+
+    fn has_entry_in(path: &Path) -> bool {
+        let Ok(bytes) = fs::read(path) else { return false };
         let Ok(v) = serde_json::from_slice::<Value>(&bytes) else { return false };
         v["type"] == "istio-cni" || v["plugins"].as_array().is_some_and(|p| p.iter().any(|p| p["type"] == "istio-cni"))
     }
@@ -336,10 +348,18 @@ enum Difference {
     /// Without `AMBIENT_ENABLEMENT_SELECTOR`, Istio's binary writes `enablement_selectors: []` (no pod would ever be
     /// ambient); ours writes the chart's default selectors, the same as when the chart sets them.
     DefaultEnablementSelectors,
+    /// When a higher-priority primary appears, Istio keeps its entry in the primary it chose first, which runtimes
+    /// no longer load (its pods start without the plugin); ours moves into the new primary and leaves the old one
+    /// as it was.
+    FollowsHigherPriorityPrimary,
 }
 
 impl Difference {
-    const ALL: [Difference; 2] = [Difference::ConvertedConfRestored, Difference::DefaultEnablementSelectors];
+    const ALL: [Difference; 3] = [
+        Difference::ConvertedConfRestored,
+        Difference::DefaultEnablementSelectors,
+        Difference::FollowsHigherPriorityPrimary,
+    ];
 
     fn reason(self) -> &'static str {
         match self {
@@ -348,6 +368,9 @@ impl Difference {
             }
             Difference::DefaultEnablementSelectors => {
                 "without AMBIENT_ENABLEMENT_SELECTOR we write the chart's default selectors (Istio's binary writes [])"
+            }
+            Difference::FollowsHigherPriorityPrimary => {
+                "a higher-priority primary takes our entry (Istio's stays in a file runtimes no longer load)"
             }
         }
     }
@@ -376,6 +399,19 @@ impl Difference {
                 let (mode, Content::Json(mut list)) = installed?.conf.get(case.checked)?.clone() else { return None };
                 list["plugins"].as_array_mut()?.retain(|p| p["type"] != "istio-cni");
                 state.conf.insert(case.checked.to_owned(), (mode, Content::Json(list)));
+            }
+            Difference::FollowsHigherPriorityPrimary => {
+                // Ours has the entry in the higher-priority file; Istio's is still in the first primary.
+                let (_, higher) = case.higher?;
+                if point != "preempted" {
+                    return None;
+                }
+                let (_, Content::Json(late)) = state.conf.get_mut(higher)? else { return None };
+                let plugins = late["plugins"].as_array_mut()?;
+                let at = plugins.iter().position(|p| p["type"] == "istio-cni")?;
+                let entry = plugins.remove(at);
+                let (_, Content::Json(first)) = state.conf.get_mut(case.checked)? else { return None };
+                first["plugins"].as_array_mut()?.push(entry);
             }
             Difference::DefaultEnablementSelectors => {
                 if !case.selector_unset {
@@ -542,6 +578,23 @@ fn run_case(cluster: &Cluster, istio_bin: &Path, case: &Case) -> Vec<(&'static s
     run.wait_installed(case);
     let (o, i) = run.states();
     verdicts.push(("restored", judge(case, "restored", &conf_at_start, Some(&our_installed), &o, &i, vec![])));
+
+    if let Some((src, name)) = case.higher {
+        for side in [&run.our_side, &run.istio_side] {
+            let tmp = side.net_d.join(".late.tmp");
+            write_file(&tmp, &fixture(&format!("pre/{src}")), 0o644);
+            fs::rename(&tmp, side.net_d.join(name)).unwrap();
+        }
+        let higher = run.our_side.net_d.join(name);
+        run.ours.until("ours moves into the higher-priority primary", || {
+            (Side::has_entry_in(&higher)
+                && matches!(run.ours.get(istio_contract::ports::CNI_READINESS, "/readyz"), Ok((200, _))))
+            .then_some(())
+        });
+        run.istio.until("Istio's sees the higher-priority primary", |i| i.log().contains("preempted by").then_some(()));
+        let (o, i) = run.states();
+        verdicts.push(("preempted", judge(case, "preempted", &conf_at_start, Some(&our_installed), &o, &i, vec![])));
+    }
 
     let our_exit = run.ours.terminate();
     let istio_exit = run.istio.terminate();
