@@ -4,12 +4,12 @@
 //! Istio's agent (its `install-cni` with ambient on, built by `scripts/istio-ref/build.sh`, run by
 //! [`testbed::istio_agent::IstioAgent`]) and ours each run on a node of their own (a netns with its bridge, a fake
 //! API server holding the same namespaces and pods), with the same settings (Istio's defaults: DNS capture and IPv6
-//! on, the default enablement selectors, `kube-system` excluded), once on iptables (the flavour each detects) and
-//! once on native nftables. Each side's plugin is its own: Istio's node gets the conflist Istio's installer wrote
+//! on, the default enablement selectors, `kube-system` excluded), on iptables (the flavour each detects), on
+//! native nftables, and on iptables with DNS capture and IPv6 off. Each side's plugin is its own: Istio's node gets the conflist Istio's installer wrote
 //! (its `istio-cni` entry, run as Istio's binary), ours the same entry run as our plugin. A [`ZdsPeer`] stands in
 //! for the node proxy on each agent's ZDS socket and records what it gets. The same pods (an ambient namespace's,
 //! a pod-level label, DNS capture off, probe ports, inbound capture bypassed, an opt-out by label, a sidecar pod in
-//! the ambient namespace, a pod of a namespace not in ambient) then go through CNI ADD on both nodes, in the same
+//! the ambient namespace, a pod of a namespace not in ambient, an ambient pod of an excluded namespace) then go through CNI ADD on both nodes, in the same
 //! order, as the kubelet would report their addresses after, and these must be equal:
 //!
 //! - each pod's in-pod rules (`nft list ruleset`, `iptables-save` of both families in the nft and legacy flavours,
@@ -51,6 +51,8 @@ use testbed::{Cluster, NetnsGuard, Pod};
 const MESH: &str = "mesh";
 /// A namespace without the label: its pods opt in by their own.
 const SHOP: &str = "shop";
+/// A namespace both agents and plugins exclude (`EXCLUDE_NAMESPACES`, Istio's chart default).
+const EXCLUDED: &str = "kube-system";
 /// The probe SNAT source (Istio's default `HOST_PROBE_SNAT_IP`).
 const PROBE_SOURCE: &str = "169.254.7.127";
 /// The port the probed pod's readiness probe names.
@@ -253,6 +255,10 @@ fn cases() -> Vec<Case> {
         Case { pod: labelled(with_sa(plain_pod(MESH, "batch")), "none"), what: "opted out by label" },
         Case { pod: with_sa(sidecar_pod(MESH, "legacy")), what: "a sidecar pod in an ambient namespace" },
         Case { pod: with_sa(plain_pod(SHOP, "plain")), what: "a plain pod in a namespace not in ambient" },
+        Case {
+            pod: labelled(with_sa(plain_pod(EXCLUDED, "dns")), "ambient"),
+            what: "an ambient pod of an excluded namespace (also labelled ambient)",
+        },
     ]
 }
 
@@ -265,8 +271,8 @@ enum Agent {
 /// One node with one agent, its recorder and its conflist, and the pods added so far.
 struct Side {
     name: &'static str,
-    /// Whether both agents and plugins program native nftables.
-    nft: bool,
+    /// What both agents and plugins run with.
+    variant: Variant,
     // Dropped first: the pods (DEL), the recorder, then the agent, then the cluster.
     pods: BTreeMap<String, Pod>,
     /// `namespace/name` of every pod added, by UID (kept after the pod is deleted).
@@ -279,11 +285,23 @@ struct Side {
     _zds: tempfile::TempDir,
 }
 
-/// The settings both agents run with, by their env names (the same for both: ours reads Istio's names), with
-/// native nftables or not.
-fn settings(nft: bool) -> Vec<(&'static str, &'static str)> {
-    let nft = if nft { "true" } else { "false" };
-    vec![("AMBIENT_DNS_CAPTURE", "true"), ("AMBIENT_IPV6", "true"), ("NATIVE_NFTABLES", nft)]
+/// What both agents and plugins run with beyond Istio's defaults.
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    /// Native nftables (`NATIVE_NFTABLES`) rather than iptables.
+    nft: bool,
+    /// DNS capture and IPv6 (`AMBIENT_DNS_CAPTURE`, `AMBIENT_IPV6`; Istio's defaults: on).
+    dns_and_ipv6: bool,
+}
+
+/// The settings both agents run with, by their env names (the same for both: ours reads Istio's names).
+fn settings(v: Variant) -> Vec<(&'static str, &'static str)> {
+    let flag = |on: bool| if on { "true" } else { "false" };
+    vec![
+        ("AMBIENT_DNS_CAPTURE", flag(v.dns_and_ipv6)),
+        ("AMBIENT_IPV6", flag(v.dns_and_ipv6)),
+        ("NATIVE_NFTABLES", flag(v.nft)),
+    ]
 }
 
 fn cluster() -> Cluster {
@@ -292,26 +310,27 @@ fn cluster() -> Cluster {
     c.plugin_overrides = json!({});
     c.api.upsert(namespace(MESH, json!({ names::DATAPLANE_MODE_LABEL: "ambient" }))).expect("store namespace");
     c.api.upsert(namespace(SHOP, json!({}))).expect("store namespace");
+    c.api.upsert(namespace(EXCLUDED, json!({ names::DATAPLANE_MODE_LABEL: "ambient" }))).expect("store namespace");
     c
 }
 
 impl Side {
-    fn istio(nft: bool) -> Self {
+    fn istio(variant: Variant) -> Self {
         let c = cluster();
         let zds = tempfile::Builder::new().prefix("istio-zds-").tempdir().expect("ZDS dir");
-        let agent = IstioAgent::start(&c, zds.path(), &settings(nft));
+        let agent = IstioAgent::start(&c, zds.path(), &settings(variant));
         let peer = ZdsPeer::connect_at(agent.zds_socket());
         let conflist = agent.conflist();
         let (pods, uids, peer) = (BTreeMap::new(), BTreeMap::new(), Some(peer));
-        Side { name: "istio", nft, pods, uids, peer, agent: Agent::Istio(agent), conflist, c, _zds: zds }
+        Side { name: "istio", variant, pods, uids, peer, agent: Agent::Istio(agent), conflist, c, _zds: zds }
     }
 
     /// Ours, with `istio`'s conflist but our plugin (the entry Istio's installer wrote, `type` ours, our run dir).
     fn ours(istio: &Side) -> Self {
-        let nft = istio.nft;
+        let variant = istio.variant;
         let c = cluster();
         let zds = tempfile::Builder::new().prefix("our-zds-").tempdir().expect("ZDS dir");
-        let agent = NodeAgent::start(&c, &settings(nft));
+        let agent = NodeAgent::start(&c, &settings(variant));
         let peer = ZdsPeer::connect(&agent);
         let mut entry = istio.conflist["plugins"][1].clone();
         entry["type"] = json!("istio-cni");
@@ -319,7 +338,7 @@ impl Side {
         let mut conflist = c.node.conflist(vec![entry]);
         conflist["plugins"][0]["ipam"]["routes"] = istio.conflist["plugins"][0]["ipam"]["routes"].clone();
         let (pods, uids, peer) = (BTreeMap::new(), BTreeMap::new(), Some(peer));
-        Side { name: "ours", nft, pods, uids, peer, agent: Agent::Ours(agent), conflist, c, _zds: zds }
+        Side { name: "ours", variant, pods, uids, peer, agent: Agent::Ours(agent), conflist, c, _zds: zds }
     }
 
     fn zds_socket(&self) -> std::path::PathBuf {
@@ -598,21 +617,28 @@ fn source_of_node_connection(side: &Side, pod: &Pod, port: u16) -> IpAddr {
 #[test]
 fn istio_agent_and_ours_enroll_the_same_pods_the_same_way() {
     if istio() {
-        differential(false);
+        differential(Variant { nft: false, dns_and_ipv6: true });
     }
 }
 
 #[test]
 fn istio_agent_and_ours_enroll_the_same_pods_the_same_way_with_native_nftables() {
     if istio() {
-        differential(true);
+        differential(Variant { nft: true, dns_and_ipv6: true });
+    }
+}
+
+#[test]
+fn istio_agent_and_ours_enroll_the_same_pods_the_same_way_without_dns_capture_and_ipv6() {
+    if istio() {
+        differential(Variant { nft: false, dns_and_ipv6: false });
     }
 }
 
 /// The comparison (module doc), with both agents and plugins on iptables (the flavour each detects) or on native
-/// nftables.
-fn differential(nft: bool) {
-    let mut istio = Side::istio(nft);
+/// nftables, with DNS capture and IPv6 or without.
+fn differential(variant: Variant) {
+    let mut istio = Side::istio(variant);
     let mut ours = Side::ours(&istio);
     let cases = cases();
 
@@ -635,7 +661,7 @@ fn differential(nft: bool) {
     for id in enrolled {
         assert_eq!(istio.annotation(id).as_deref(), Some("enabled"), "Istio's agent annotated {id}");
     }
-    for id in ["mesh/batch", "mesh/legacy", "shop/plain"] {
+    for id in ["mesh/batch", "mesh/legacy", "shop/plain", "kube-system/dns"] {
         assert_eq!(istio.annotation(id), None, "Istio's agent left {id} alone");
     }
 
