@@ -18,6 +18,7 @@
 //! - the plugin's kubeconfig in the run dir: its effective fields (current context, cluster and user names,
 //!   server, CA data or insecure, token or token file), parsed, not bytes; after cleanup, whether it is there;
 //! - the bin dir's file names (our plugin installed beside a pre-existing one; after cleanup, removed);
+//! - after cleanup, the run dir's file names (while running each keeps its own files there: see [`State::run`]);
 //! - readiness, and the exit status after SIGTERM.
 //!
 //! What we do differently on purpose (docs/installer.md, "Where we differ from Istio, and why") is listed in
@@ -225,6 +226,9 @@ struct State {
     conf: ConfDir,
     kubeconfig: Option<Kubeconfig>,
     bins: Vec<String>,
+    /// The run dir's file names (compared after cleanup only: while running, each keeps its own files there, our
+    /// install journal and Istio's plugin log socket, which in ours the node agent serves).
+    run: Vec<String>,
 }
 
 /// The dirs of one side of a case.
@@ -261,12 +265,12 @@ impl Side {
             };
             conf.insert(entry.file_name().to_string_lossy().into_owned(), (mode, content));
         }
-        let mut bins: Vec<String> = fs::read_dir(&self.bin_dir)
-            .expect("read bin dir")
-            .map(|e| e.expect("bin dir entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        bins.sort();
-        State { conf, kubeconfig: kubeconfig(&self.run_dir.join(paths::KUBECONFIG_FILE)), bins }
+        State {
+            conf,
+            kubeconfig: kubeconfig(&self.run_dir.join(paths::KUBECONFIG_FILE)),
+            bins: file_names(&self.bin_dir),
+            run: file_names(&self.run_dir),
+        }
     }
 
     fn has_entry(&self, checked: &str) -> bool {
@@ -278,6 +282,16 @@ impl Side {
         let Ok(v) = serde_json::from_slice::<Value>(&bytes) else { return false };
         v["type"] == "istio-cni" || v["plugins"].as_array().is_some_and(|p| p.iter().any(|p| p["type"] == "istio-cni"))
     }
+}
+
+/// The names of the files in `dir`, sorted.
+fn file_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 fn write_file(path: &Path, bytes: &[u8], mode: u32) {
@@ -458,6 +472,9 @@ fn compare(point: &str, ours: &State, istio: &State) -> Vec<String> {
     }
     if ours.bins != istio.bins {
         out.push(format!("{point}: bin dir differs: ours {:?}, istio {:?}", ours.bins, istio.bins));
+    }
+    if point == "after cleanup" && ours.run != istio.run {
+        out.push(format!("{point}: run dir differs: ours {:?}, istio {:?}", ours.run, istio.run));
     }
     out
 }
