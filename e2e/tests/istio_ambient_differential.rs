@@ -734,8 +734,11 @@ fn differential(variant: Variant) {
     let deleted_pod_unenroll = |r: &fake_apiserver::RequestRecord| {
         r.status == 404 && r.method == "PATCH" && r.path == format!("/api/v1/namespaces/{MESH}/pods/web/status")
     };
-    let failed: Vec<_> =
-        istio.c.api.cluster().requests().into_iter().filter(|r| r.status >= 400 && !deleted_pod_unenroll(r)).collect();
+    let requests = istio.c.api.cluster().requests();
+    let asked: std::collections::BTreeSet<String> =
+        requests.iter().map(|r| format!("{} {} {} ({})", r.verb, r.path, r.query, r.user)).collect();
+    eprintln!("requests to Istio's node's API server:\n  {}", asked.into_iter().collect::<Vec<_>>().join("\n  "));
+    let failed: Vec<_> = requests.into_iter().filter(|r| r.status >= 400 && !deleted_pod_unenroll(r)).collect();
     assert!(failed.is_empty(), "requests of Istio's agent or plugin failed: {failed:#?}");
 }
 
