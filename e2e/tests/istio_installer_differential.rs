@@ -11,8 +11,9 @@
 //! `KUBERNETES_SERVICE_PROTOCOL=http` and `CNI_CONF_GROUP_READ` (on a `.conflist`, a converted `.conf`, standalone);
 //! and a higher-priority primary written after the install (compared at a fourth point, "preempted").
 //!
-//! For each case, at three points (installed; after someone removed our entry, or deleted the standalone file, and
-//! the installer restored it; after SIGTERM and cleanup), the two must agree on:
+//! For each case, at four points (installed; after someone removed our entry, or deleted the standalone file, and
+//! the installer restored it; after the kubelet rotated the service-account token and both rewrote the kubeconfig;
+//! after SIGTERM and cleanup), the two must agree on:
 //! - the conf dir: every file's name, mode and content (JSON up to key order, other files byte for byte), with only
 //!   the plugin's `cni_agent_run_dir` normalized, since it names each installer's own run dir;
 //! - the plugin's kubeconfig in the run dir: its effective fields (current context, cluster and user names,
@@ -595,6 +596,19 @@ fn run_case(cluster: &Cluster, istio_bin: &Path, case: &Case) -> Vec<(&'static s
     run.wait_installed(case);
     let (o, i) = run.states();
     verdicts.push(("restored", judge(case, "restored", &conf_at_start, Some(&our_installed), &o, &i, vec![])));
+
+    // The kubelet rotates the projected token: both rewrite the kubeconfig with the new one.
+    let token = cluster.token(testbed::chart::CNI_SERVICE_ACCOUNT);
+    assert_ne!(Some(&token), our_installed.kubeconfig.as_ref().and_then(|k| k.token.as_ref()), "a fresh token");
+    ours.sa.rotate(&token);
+    let has_token = |side: &Side| {
+        kubeconfig(&side.run_dir.join(paths::KUBECONFIG_FILE)).and_then(|k| k.token).as_deref() == Some(token.as_str())
+    };
+    run.ours.until("ours writes the rotated token", || has_token(&run.our_side).then_some(()));
+    let istio_side = &run.istio_side;
+    run.istio.until("Istio's writes the rotated token", |_| has_token(istio_side).then_some(()));
+    let (o, i) = run.states();
+    verdicts.push(("rotated", judge(case, "rotated", &conf_at_start, Some(&our_installed), &o, &i, vec![])));
 
     if let Some((src, name)) = case.higher {
         for side in [&run.our_side, &run.istio_side] {
