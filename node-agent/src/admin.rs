@@ -1,4 +1,4 @@
-//! The agent's admin port (`ADMIN_PORT`, default [`ports::CNI_ADMIN`]), on loopback only (127.0.0.1, and ::1
+//! The agent's admin port (`ADMIN_PORT`, default `istio_contract::ports::CNI_ADMIN`), on loopback only (127.0.0.1, and ::1
 //! when the node has IPv6): what `node-agent explain` asks.
 //! - `GET /debug/pods/NAMESPACE/NAME`: one pod's explain report (JSON), or 404 with `{"error": ...}`;
 //! - `GET /debug/pods`: every pod on this node with its mode and verdict (JSON list);
@@ -15,16 +15,10 @@ use std::sync::Arc;
 use daemon::drain::DrainWatcher;
 use daemon::http::{self, reply, Body, JSON};
 use hyper::{Method, Request, Response, StatusCode};
-use istio_contract::ports;
 
+use crate::admin_api::{DRIFT_CHECK_PATH, PODS_PATH, PORT_ENV};
 use crate::explain::build::Explainer;
 
-/// The flag's env var, which the `explain` subcommand reads too.
-pub const PORT_ENV: &str = "ADMIN_PORT";
-/// The pods' reports live under this path.
-pub const PODS_PATH: &str = "/debug/pods";
-/// Asks for a drift check now.
-pub const DRIFT_CHECK_PATH: &str = "/debug/drift-check";
 /// At most this many connections at once: explain is an operator's tool, not a service.
 const MAX_CONNECTIONS: usize = 8;
 
@@ -101,6 +95,3 @@ async fn answer(explainer: &Explainer, method: &Method, path: &str) -> Response<
         Some(_) => error(StatusCode::NOT_FOUND, format!("{path}: expected {PODS_PATH}/NAMESPACE/NAME")),
     }
 }
-
-/// The default port, for the flag.
-pub const DEFAULT_PORT: u16 = ports::CNI_ADMIN;

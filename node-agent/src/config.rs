@@ -73,7 +73,7 @@ pub struct Config {
     pub probe_selftest_interval: std::time::Duration,
     /// The loopback-only admin port `node-agent explain` asks (`GET /debug/pods/NAMESPACE/NAME`); 0 turns it
     /// off.
-    #[arg(long, env = crate::admin::PORT_ENV, default_value_t = crate::admin::DEFAULT_PORT)]
+    #[arg(long, env = crate::admin_api::PORT_ENV, default_value_t = crate::admin_api::DEFAULT_PORT)]
     pub admin_port: u16,
     /// How often every enrolled ambient pod's in-pod rules, the host probe rule and entries, and running sidecar
     /// pods' rules are compared with what the agent and the plugin program, and drift repaired (jittered by up to

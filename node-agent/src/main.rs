@@ -5,6 +5,7 @@
 //! is or is not in the mesh (see [`explain`]).
 
 mod admin;
+mod admin_api;
 mod cache;
 mod config;
 mod drift;

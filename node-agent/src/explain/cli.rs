@@ -12,11 +12,10 @@ use clap::{Parser, ValueEnum};
 use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
-use istio_contract::ports;
 
 use super::render;
 use super::report::{Report, Summary};
-use crate::admin::{DRIFT_CHECK_PATH, PODS_PATH, PORT_ENV};
+use crate::admin_api::{DEFAULT_PORT, DRIFT_CHECK_PATH, PODS_PATH, PORT_ENV};
 
 /// How long the agent may take to connect.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -55,7 +54,7 @@ struct Args {
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     output: Output,
     /// The agent's admin port, on 127.0.0.1 (the agent's `ADMIN_PORT`).
-    #[arg(long, env = PORT_ENV, default_value_t = ports::CNI_ADMIN)]
+    #[arg(long, env = PORT_ENV, default_value_t = DEFAULT_PORT)]
     admin_port: u16,
 }
 
