@@ -24,7 +24,8 @@ use crate::ambient::{self, AmbientPlan};
 use crate::iptables::{render_rule, IptablesBackend, IptablesError};
 use crate::model::{is_builtin_chain, Family, Op, RuleSet, Table};
 use crate::nft::layout::NftLayout;
-use crate::nft::rules::{rule_tag, RuleEntry};
+use crate::nft::rules::RuleEntry;
+use crate::nft::tag::RuleText;
 use crate::nft::NftError;
 use crate::routing::{self, FoundFwmark, FwmarkRule};
 
@@ -442,9 +443,8 @@ fn expected_nft(layout: &NftLayout) -> Vec<(String, u64)> {
     for t in &layout.tables {
         for (chain, rules) in t.chain_rules() {
             for rule in rules {
-                let text: Vec<String> = rule.stmts.iter().map(ToString::to_string).collect();
-                let text = text.join(" ");
-                out.push((format!("inet {} {} {text}", t.name, chain.name), rule_tag(&t.name, &chain.name, &text)));
+                let r = RuleText::new(&t.name, &chain.name, &rule.stmts);
+                out.push((r.line(&t.name, &chain.name), r.tag));
             }
         }
     }
@@ -492,8 +492,8 @@ pub(crate) fn expected_nft_chain(
     rules
         .iter()
         .map(|stmts| {
-            let text = stmts.iter().map(ToString::to_string).collect::<Vec<_>>().join(" ");
-            (format!("inet {table} {chain} {text}"), rule_tag(table, chain, &text))
+            let r = RuleText::new(table, chain, stmts);
+            (r.line(table, chain), r.tag)
         })
         .collect()
 }

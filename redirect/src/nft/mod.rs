@@ -16,6 +16,7 @@ pub mod rules;
 pub mod set;
 pub(crate) mod socket;
 pub mod stmt;
+pub mod tag;
 
 use std::os::fd::AsFd;
 

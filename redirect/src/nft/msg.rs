@@ -3,8 +3,8 @@
 use super::attr::Writer;
 use super::expr::{encode, feature};
 use super::layout::{ChainType, NftChain, NftLayout, NftTable};
-use super::rules::{put_tag, rule_tag};
 use super::stmt::Stmt;
+use super::tag::{put_tag, RuleText};
 use super::NftError;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -148,11 +148,9 @@ impl Batch {
 
     /// `add rule inet TABLE CHAIN STMTS` at the end of the chain; `index` only names it in errors.
     pub(super) fn rule(&mut self, table: &str, chain: &str, index: usize, stmts: &[Stmt]) -> Result<(), NftError> {
-        let text: Vec<String> = stmts.iter().map(ToString::to_string).collect();
+        let RuleText { text, tag } = RuleText::new(table, chain, stmts);
         let mut features: Vec<&'static str> = stmts.iter().filter_map(feature).collect();
         features.dedup();
-        let text = text.join(" ");
-        let tag = rule_tag(table, chain, &text);
         let obj = Object { name: format!("rule {index} of inet {table} {chain} ({text})"), features };
         let mut encoded = Ok(());
         self.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, obj, |w| {
