@@ -313,6 +313,7 @@ const CIDR_ANNOTATIONS: [&str; 2] = [names::INCLUDE_OUTBOUND_IP_RANGES, names::E
 ///   match no process can meet (its iptables refuses it too).
 /// - A failed ADD leaves no rules: where iptables refuses what Istio generated (`*` in an outbound port list), Istio
 ///   keeps the tables it had already restored; ours refuses the pod before programming anything.
+///
 /// Returns the difference's name and its reason.
 fn intended(case: &Case, ours: &Outcome, istio: &Outcome, our_dump: &Dump) -> Option<(&'static str, &'static str)> {
     let programmed = |d: &Dump| d.text().contains("ISTIO") || d.text().contains("lookup 133");
