@@ -1,13 +1,18 @@
 //! Scenario 2, ambient pod enrollment: the whole path ADD → agent → netns → rules → ZDS Add and ack (the real
 //! proxy) → annotation, against the same chain without our plugin; plus the agent's own per-phase histogram.
+//! With Istio's binaries built (`scripts/istio-ref/build.sh`), the same path through Istio's own plugin and agent
+//! (its `install-cni` as the ambient agent, testbed's `IstioAgent`) on a node of its own, with our hbone-proxy acking its
+//! ZDS Adds as it acks ours (#29): the same pods, one of each per round, so noise hits both alike.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use testbed::mesh::RuleBackend;
-use testbed::NetworkConfigList;
+use testbed::{Cluster, NetworkConfigList};
 
 use crate::attach::timed_add;
+use crate::istio_node::IstioNode;
+use crate::istio_ref;
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
 use crate::stats::Counts;
@@ -20,11 +25,18 @@ restart); pods that come through CNI ADD bring their netns path, so it stays emp
 /// The issue's target for (b) − (c) at the median: what istio-cni adds from ADD to annotation.
 const TARGET_ADDED: Duration = Duration::from_millis(5);
 
+/// #29's target: what our plugin and agent add from ADD to annotation, at most this share of what Istio's add.
+const ISTIO_TARGET: f64 = 0.3;
+
 /// Phases of `nodeagent_enrollment_duration_seconds`, in path order.
 const PHASES: [&str; 5] = ["netns", "rules", "proxy_ack", "probe", "annotate"];
 
 /// Runs the scenario and returns its report section.
 pub fn run(counts: Counts) -> Section {
+    let istio = istio_ref::binary("install-cni").and_then(|b| istio_ref::binary("istio-cni").map(|_| b));
+    if let Err(why) = &istio {
+        println!("ambient-enroll: Istio's plugin and agent rows skipped: {why}");
+    }
     let mut body = String::new();
     let _ = writeln!(
         body,
@@ -36,6 +48,26 @@ pub fn run(counts: Counts) -> Section {
          plugin and the agent) per timed ADD: the plugin asks the agent, which answers from its watch.\n",
         counts.warmup, counts.iterations
     );
+    match &istio {
+        Ok(bin) => {
+            let _ = writeln!(
+                body,
+                "**Istio's** rows (d) and (e) are (a) and (b) through Istio's own plugin and agent (istio.io/istio \
+                 `{}`, pinned in `scripts/istio-ref/build.sh`): its `install-cni` as the ambient agent on a node of \
+                 its own (testbed's `IstioAgent`: Istio's defaults, DNS capture and IPv6 on as ours; the conflist its \
+                 installer wrote, run as its plugin; on iptables the flavour it detects), with our hbone-proxy \
+                 acking its ZDS Adds as it acks ours. Each round adds one pod through ours, one through Istio's and \
+                 one plain, in that order. Istio's agent logs at debug level (as the runner starts it), ours at \
+                 warn. Istio's ADD starts once its agent has handled the pod's add event (its informer holds the \
+                 pod, as on a real node: it fails an ADD whose pod its cache lacks after ten 10 ms retries), which \
+                 favours it: ours gets its ADD right after the pod is stored.\n",
+                bin.version
+            );
+        }
+        Err(why) => {
+            let _ = writeln!(body, "Istio's plugin and agent were not measured in this run: {why}.\n");
+        }
+    }
     let _ = writeln!(body, "| backend | figure | median µs | p90 µs | p99 µs |\n|---|---|---:|---:|---:|");
     let mut phases = String::new();
     let mut verdicts = String::new();
@@ -46,33 +78,52 @@ pub fn run(counts: Counts) -> Section {
         };
         println!("ambient-enroll: {name}");
         let node = AmbientNode::start(backend, None);
+        let istio_node = istio.is_ok().then(|| IstioNode::start(backend, None));
         let without = NetworkConfigList::from_value(node.cluster.node.conflist(vec![])).expect("plain conflist");
         let (mut add, mut enrolled, mut plain) = (Vec::new(), Vec::new(), Vec::new());
-        let mut gets = 0;
+        let (mut istio_add, mut istio_enrolled) = (Vec::new(), Vec::new());
+        let (mut gets, mut istio_gets) = (0, 0);
         for round in 0..counts.warmup + counts.iterations {
+            let timed = round >= counts.warmup;
             let pod = format!("p{round}");
-            let before = lookups(&node);
+            let before = lookups(&node.cluster);
             let (attached, through_annotation) = node.add_pod(&pod);
-            if round >= counts.warmup {
-                gets += lookups(&node) - before;
+            if timed {
+                gets += lookups(&node.cluster) - before;
             }
             let add_took = attached.took;
             node.remove_pod(&pod, attached);
+            if let Some(theirs) = &istio_node {
+                let before = lookups(&theirs.cluster);
+                let (attached, through_annotation) = theirs.add_pod(&pod);
+                if timed {
+                    istio_gets += lookups(&theirs.cluster) - before;
+                    istio_add.push(attached.took);
+                    istio_enrolled.push(through_annotation);
+                }
+                theirs.remove_pod(&pod, attached);
+            }
             let plain_took = timed_add(&node.cluster.node, &without, NS, &format!("plain{round}")).took;
-            if round >= counts.warmup {
+            if timed {
                 add.push(add_took);
                 enrolled.push(through_annotation);
                 plain.push(plain_took);
             }
         }
-        for (figure, samples) in [
+        let mut figures = vec![
             ("(a) ADD with istio-cni (returns after the proxy's ack)", &add),
             ("(b) ADD start → annotation visible", &enrolled),
             ("(c) ADD without istio-cni", &plain),
-        ] {
+        ];
+        if istio_node.is_some() {
+            figures.push(("(d) ADD with **Istio's** istio-cni and agent (returns after the proxy's ack)", &istio_add));
+            figures.push(("(e) ADD start → annotation visible, **Istio's** plugin and agent", &istio_enrolled));
+        }
+        for (figure, samples) in figures {
             let _ = writeln!(body, "| {name} | {figure} | {} |", Summary::of(samples).us_cells());
         }
-        let added = Summary::of(&enrolled).median.saturating_sub(Summary::of(&plain).median);
+        let plain_median = Summary::of(&plain).median;
+        let added = Summary::of(&enrolled).median.saturating_sub(plain_median);
         let verdict = if added <= TARGET_ADDED { "met" } else { "NOT met" };
         let (table, steps) = phase_table(&node.agent.metrics());
         let _ = writeln!(
@@ -86,6 +137,20 @@ pub fn run(counts: Counts) -> Section {
             gets as f64 / counts.iterations.max(1) as f64,
             us(steps)
         );
+        if istio_node.is_some() {
+            let theirs = Summary::of(&istio_enrolled).median.saturating_sub(plain_median).max(Duration::from_micros(1));
+            let r = added.as_secs_f64() / theirs.as_secs_f64();
+            let _ = writeln!(
+                verdicts,
+                "- {name}, against Istio's: Istio's plugin and agent add {} µs from ADD to annotation ((e) − (c)); \
+                 ours / Istio's = {r:.2}× (target ≤{ISTIO_TARGET}×, i.e. ≤{} µs: {}); Istio's pod and namespace \
+                 GETs per ADD: {:.1}.",
+                us(theirs),
+                us(theirs.mul_f64(ISTIO_TARGET)),
+                if r <= ISTIO_TARGET { "met" } else { "NOT met" },
+                istio_gets as f64 / counts.iterations.max(1) as f64
+            );
+        }
         let _ = writeln!(phases, "\nAgent histogram `nodeagent_enrollment_duration_seconds` ({name}, all pods):\n");
         phases.push_str(&table);
     }
@@ -97,8 +162,8 @@ pub fn run(counts: Counts) -> Section {
 }
 
 /// Pod and namespace GETs the node's API server has answered so far.
-fn lookups(node: &AmbientNode) -> usize {
-    let requests = node.cluster.api.requests();
+fn lookups(cluster: &Cluster) -> usize {
+    let requests = cluster.api.requests();
     let namespace = |p: &str| p.strip_prefix("/api/v1/namespaces/").is_some_and(|rest| !rest.contains('/'));
     requests.iter().filter(|r| r.verb == "get" && (r.path.contains("/pods/") || namespace(&r.path))).count()
 }

@@ -9,6 +9,7 @@ mod attach;
 mod hbone;
 mod installer_repair;
 mod iperf;
+mod istio_node;
 mod istio_ref;
 mod load;
 mod node_scale;

@@ -10,6 +10,8 @@ use testbed::mesh::RuleBackend;
 use testbed::node_agent::uid;
 use testbed::pod_process::PodProcess;
 
+use crate::istio_node::IstioNode;
+use crate::istio_ref;
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
 use crate::stats::Counts;
@@ -17,6 +19,10 @@ use crate::stats::{us, Summary};
 
 /// A pod range with room for thousands of pods (the test node's default is a /24).
 const SUBNET: (&str, &str) = ("10.200.0.0/20", "10.200.0.1");
+/// The pod range of Istio's node (a node of its own, like ours a /20).
+const ISTIO_SUBNET: (&str, &str) = ("10.201.0.0/20", "10.201.0.1");
+/// #29's target: our agent's RSS with every pod enrolled, at most this share of Istio's agent's.
+const ISTIO_RSS_TARGET: f64 = 0.5;
 /// How long a whole-node convergence may take before the run is declared broken.
 const LIMIT: Duration = Duration::from_secs(300);
 
@@ -53,6 +59,7 @@ fn until(since: Instant, what: &str, mut probe: impl FnMut() -> bool) -> Duratio
 pub fn run(counts: Counts) -> Section {
     let n = counts.iterations;
     let mut node = AmbientNode::start(RuleBackend::Nftables, Some(SUBNET));
+    // Our proxy's RSS is read below; the node is dropped before Istio's runs.
     let (agent0, proxy0) = (rss_kib(node.agent.pid()), rss_kib(node.proxy.pid()));
 
     println!("node-scale: enrolling {n} pods");
@@ -120,5 +127,123 @@ pub fn run(counts: Counts) -> Section {
     println!("node-scale: tearing down {n} pods");
     drop(processes);
     drop(pods);
+    let ours = Figures {
+        rss0: agent0,
+        rss1: agent1,
+        per_pod: lat.median,
+        throughput: n as f64 / enrolled.as_secs_f64(),
+        restart: agent_restored,
+    };
+    drop(node);
+    body.push('\n');
+    body.push_str(&match istio_ref::binary("install-cni").and_then(|b| istio_ref::binary("istio-cni").map(|_| b)) {
+        Ok(bin) => versus_istio(n, &ours, &istio_figures(n), &bin.version),
+        Err(why) => {
+            println!("node-scale: Istio's agent rows skipped: {why}");
+            format!("Istio's agent was not measured in this run: {why}.\n")
+        }
+    });
     Section { name: "node-scale", title: format!("Node scale: {n} pods on one node"), body }
+}
+
+/// One agent's figures at scale.
+struct Figures {
+    /// Agent RSS (KiB) with no pods, and with every pod enrolled.
+    rss0: u64,
+    rss1: u64,
+    /// Median ADD → annotation.
+    per_pod: Duration,
+    /// Sequential enrollments per second.
+    throughput: f64,
+    /// SIGKILL → the new agent holds every pod (ours: its enrolled-pods gauge; Istio's: `/readyz`, which it
+    /// answers once its snapshot of the enrolled pods is built).
+    restart: Duration,
+}
+
+/// The same `n` pods through Istio's plugin and agent (native nftables) on a node of its own, our proxy acking
+/// them; then Istio's agent is SIGKILLed and started again with a process in every pod.
+fn istio_figures(n: usize) -> Figures {
+    let mut node = IstioNode::start(RuleBackend::Nftables, Some(ISTIO_SUBNET));
+    let rss0 = rss_kib(node.agent.pid());
+    println!("node-scale: enrolling {n} pods through Istio's plugin and agent");
+    let start = Instant::now();
+    let mut pods = Vec::with_capacity(n);
+    let mut latencies = Vec::with_capacity(n);
+    for i in 0..n {
+        let (pod, took) = node.add_pod(&format!("s{i}"));
+        latencies.push(took);
+        pods.push(pod);
+    }
+    // Istio's agent annotates only after the proxy acked the pod: every pod is enrolled.
+    let throughput = n as f64 / start.elapsed().as_secs_f64();
+    let rss1 = rss_kib(node.agent.pid());
+    let processes: Vec<PodProcess> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| PodProcess::start(&p.netns, &uid(&node.cluster, NS, &format!("s{i}"))))
+        .collect();
+    println!("node-scale: restarting Istio's agent");
+    let (restart, incomplete) = node.restart_agent();
+    if incomplete {
+        println!("node-scale: Istio's restarted agent logged an incomplete snapshot");
+    }
+    println!("node-scale: tearing down Istio's {n} pods");
+    drop(processes);
+    drop(pods);
+    Figures { rss0, rss1, per_pod: Summary::of(&latencies).median, throughput, restart }
+}
+
+/// #29's side-by-side table: our agent against Istio's on the same pods.
+fn versus_istio(n: usize, ours: &Figures, istio: &Figures, version: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "### Against Istio's agent (#29)\n\nThe same {n} pods through Istio's own plugin and agent (istio.io/istio \
+         `{version}`, pinned in `scripts/istio-ref/build.sh`; its `install-cni` as the ambient agent, testbed's \
+         `IstioAgent`, native nftables, Istio's defaults as ours) on a node of its own, our hbone-proxy acking its \
+         ZDS Adds, after our node was torn down (run one after the other, not interleaved: the RSS figures do not \
+         depend on noise, the times do). Istio's ADDs start once its agent has handled the pod's add event (its \
+         informer holds the pod, as on a real node; it fails an ADD whose pod its cache lacks after ten 10 ms \
+         retries): the per-pod figure excludes that wait, Istio's throughput includes it. Istio's agent logs at \
+         debug level (as the runner starts it), ours at warn. Restart: SIGKILL, then a new agent with a process in every pod; ours until its enrolled-pods gauge \
+         holds every pod, Istio's until `/readyz` answers (it builds its snapshot of the enrolled pods, their \
+         netns found through `/proc`, and reconciles their rules before it reports ready).\n"
+    );
+    let _ = writeln!(s, "| figure | ours | Istio's | ours / Istio's |\n|---|---:|---:|---:|");
+    let kib = |v: u64| format!("{v} KiB");
+    let x = |a: f64, b: f64| format!("{:.2}×", a / b.max(1e-9));
+    let rows = [
+        ("agent RSS, 0 pods", kib(ours.rss0), kib(istio.rss0), x(ours.rss0 as f64, istio.rss0 as f64)),
+        ("agent RSS, all pods enrolled", kib(ours.rss1), kib(istio.rss1), x(ours.rss1 as f64, istio.rss1 as f64)),
+        (
+            "per-pod ADD → annotation, median",
+            format!("{} µs", us(ours.per_pod)),
+            format!("{} µs", us(istio.per_pod)),
+            x(ours.per_pod.as_secs_f64(), istio.per_pod.as_secs_f64()),
+        ),
+        (
+            "enrollment throughput (sequential)",
+            format!("{:.1} pods/s", ours.throughput),
+            format!("{:.1} pods/s", istio.throughput),
+            x(ours.throughput, istio.throughput),
+        ),
+        (
+            "agent restart: SIGKILL → every pod reconciled",
+            format!("{} ms", ours.restart.as_millis()),
+            format!("{} ms", istio.restart.as_millis()),
+            x(ours.restart.as_secs_f64(), istio.restart.as_secs_f64()),
+        ),
+    ];
+    for (figure, a, b, r) in rows {
+        let _ = writeln!(s, "| {figure} | {a} | {b} | {r} |");
+    }
+    let r = ours.rss1 as f64 / istio.rss1.max(1) as f64;
+    let _ = writeln!(
+        s,
+        "\n- Agent RSS with {n} pods: ours {} KiB, Istio's {} KiB: {r:.2}× (target ≤{ISTIO_RSS_TARGET}×: {}).",
+        ours.rss1,
+        istio.rss1,
+        if r <= ISTIO_RSS_TARGET { "met" } else { "NOT met" }
+    );
+    s
 }
