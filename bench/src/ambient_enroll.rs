@@ -13,6 +13,7 @@ use testbed::{Cluster, NetworkConfigList};
 use crate::attach::timed_add;
 use crate::istio_node::IstioNode;
 use crate::istio_ref;
+use crate::load::{self, Load};
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
 use crate::stats::Counts;
@@ -33,6 +34,7 @@ const PHASES: [&str; 5] = ["netns", "rules", "proxy_ack", "probe", "annotate"];
 
 /// Runs the scenario and returns its report section.
 pub fn run(counts: Counts) -> Section {
+    let load_start = Load::sample();
     let istio = istio_ref::binary("install-cni").and_then(|b| istio_ref::binary("istio-cni").map(|_| b));
     if let Err(why) = &istio {
         println!("ambient-enroll: Istio's plugin and agent rows skipped: {why}");
@@ -158,6 +160,8 @@ pub fn run(counts: Counts) -> Section {
     body.push_str(&verdicts);
     body.push_str(&phases);
     body.push_str(NETNS_NOTE);
+    body.push('\n');
+    body.push_str(&load::note(&load_start, &Load::sample()));
     Section { name: "ambient-enroll", title: "Ambient pod enrollment".into(), body }
 }
 

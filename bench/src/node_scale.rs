@@ -12,6 +12,7 @@ use testbed::pod_process::PodProcess;
 
 use crate::istio_node::IstioNode;
 use crate::istio_ref;
+use crate::load::{self, Load};
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
 use crate::stats::Counts;
@@ -58,6 +59,7 @@ fn until(since: Instant, what: &str, mut probe: impl FnMut() -> bool) -> Duratio
 /// Runs the scenario and returns its report section.
 pub fn run(counts: Counts) -> Section {
     let n = counts.iterations;
+    let load_start = Load::sample();
     let mut node = AmbientNode::start(RuleBackend::Nftables, Some(SUBNET));
     // Our proxy's RSS is read below; the node is dropped before Istio's runs.
     let (agent0, proxy0) = (rss_kib(node.agent.pid()), rss_kib(node.proxy.pid()));
@@ -143,6 +145,8 @@ pub fn run(counts: Counts) -> Section {
             format!("Istio's agent was not measured in this run: {why}.\n")
         }
     });
+    body.push('\n');
+    body.push_str(&load::note(&load_start, &Load::sample()));
     Section { name: "node-scale", title: format!("Node scale: {n} pods on one node"), body }
 }
 
