@@ -18,53 +18,20 @@
 //!
 //! `SAME_NODE_FAST_PATH=false` sends these connections over HBONE instead.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use istio_contract::telemetry;
 use tokio::net::TcpStream;
 
-use crate::context::PodContext;
 use crate::directory::Destination;
+use crate::mesh::PodContext;
 use crate::traffic::{Peer, Security, TrafficLabels};
 use crate::{sockets, splice};
 
 /// What the access log calls the fast path's connections.
 const PROTOCOL: &str = "SAME_NODE";
-
-/// The pods this proxy enrolled, by address: where the fast path finds a destination. Holds no pod alive (the pods
-/// hold the mesh that holds this), and a pod leaves it as soon as its proxy stops.
-#[derive(Debug, Default)]
-pub struct LocalPods {
-    by_ip: RwLock<HashMap<IpAddr, Weak<PodContext>>>,
-}
-
-impl LocalPods {
-    /// Lists `pod` at each of its addresses (replacing an earlier pod there: the newest enrollment wins).
-    pub fn insert(&self, pod: &Arc<PodContext>) {
-        let mut by_ip = self.by_ip.write().unwrap_or_else(PoisonError::into_inner);
-        for ip in &pod.ips {
-            by_ip.insert(*ip, Arc::downgrade(pod));
-        }
-    }
-
-    /// Takes `pod` off its addresses, where it is still the one listed.
-    pub fn remove(&self, pod: &Arc<PodContext>) {
-        let mut by_ip = self.by_ip.write().unwrap_or_else(PoisonError::into_inner);
-        for ip in &pod.ips {
-            if by_ip.get(ip).is_some_and(|listed| std::ptr::eq(listed.as_ptr(), Arc::as_ptr(pod))) {
-                by_ip.remove(ip);
-            }
-        }
-    }
-
-    /// The running pod enrolled at `ip`.
-    fn get(&self, ip: IpAddr) -> Option<Arc<PodContext>> {
-        self.by_ip.read().unwrap_or_else(PoisonError::into_inner).get(&ip)?.upgrade()
-    }
-}
 
 /// The pod a connection from `source` to `dst`, which the directory lists as the HBONE `destination`, is
 /// carried to over the fast path; `None` when it must take HBONE (switched off, the destination not enrolled here,
@@ -90,14 +57,12 @@ pub async fn carry(
     let started = Instant::now();
     let metrics = &source.mesh.metrics;
     let client_identity = source.cert().identity().clone();
-    let outbound = TrafficLabels::outbound(
-        Peer::local(source),
-        Peer::listed(destination, &source.mesh.cluster_id),
-        Security::SameNode,
-    );
+    let outbound =
+        TrafficLabels::outbound(source.peer(), Peer::listed(destination, &source.mesh.cluster_id), Security::SameNode);
+    let (directory, cluster) = (&server.mesh.directory, &server.mesh.cluster_id);
     let inbound = TrafficLabels::inbound(
-        Peer::verified_client(&server, peer.ip(), &client_identity),
-        Peer::local(&server),
+        Peer::verified_client(directory, cluster, peer.ip(), &client_identity),
+        server.peer(),
         Security::SameNode,
     );
     metrics.opened(&outbound);

@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::config::MtlsMode;
-use crate::context::PodContext;
+use crate::mesh::PodContext;
 use crate::metrics::{Direction, HboneLimitLabels};
 use crate::traffic::{Peer, Security, TrafficLabels};
 use crate::{refusal, sockets};
@@ -27,8 +27,9 @@ impl ToApp {
     /// The traffic labels of a tunnel: the client as its certificate proves it (and the directory lists it),
     /// this pod as the server. Derived again when the tunnel ends, from the same request.
     fn labels(&self, req: &InboundRequest) -> TrafficLabels {
-        let client = Peer::verified_client(&self.pod, req.peer.ip(), &req.peer_identity);
-        TrafficLabels::inbound(client, Peer::local(&self.pod), Security::MutualTls)
+        let (directory, cluster) = (&self.pod.mesh.directory, &self.pod.mesh.cluster_id);
+        let client = Peer::verified_client(directory, cluster, req.peer.ip(), &req.peer_identity);
+        TrafficLabels::inbound(client, self.pod.peer(), Security::MutualTls)
     }
 }
 
@@ -166,8 +167,8 @@ pub async fn plaintext(pod: Arc<PodContext>, client: TcpStream, peer: SocketAddr
         Err("plaintext refused: MTLS_MODE=STRICT".to_owned())
     } else {
         let metrics = &pod.mesh.metrics;
-        let labels =
-            TrafficLabels::inbound(Peer::plaintext_client(&pod, peer.ip()), Peer::local(&pod), Security::Plaintext);
+        let source = Peer::plaintext_client(&pod.mesh.directory, &pod.mesh.cluster_id, peer.ip());
+        let labels = TrafficLabels::inbound(source, pod.peer(), Security::Plaintext);
         metrics.opened(&labels);
         let (result, flag) = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
             Ok(mut app) => (

@@ -3,7 +3,6 @@
 
 mod admin;
 mod config;
-mod context;
 mod dns;
 mod fast_path;
 mod heap;
@@ -79,7 +78,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         mtls_mode: config.mtls_mode,
         hbone: mesh::InboundHbone::new(&config),
         same_node_fast_path: config.same_node_fast_path,
-        local_pods: fast_path::LocalPods::default(),
+        local_pods: mesh::LocalPods::default(),
     });
     tracing::info!(
         mode = ?config.mtls_mode,

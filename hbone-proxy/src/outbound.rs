@@ -12,8 +12,8 @@ use istio_contract::{ports, telemetry};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::context::PodContext;
 use crate::directory::Protocol;
+use crate::mesh::PodContext;
 use crate::metrics::Direction;
 use crate::traffic::{Peer, Security, TrafficLabels};
 use crate::{fast_path, refusal, sockets};
@@ -30,7 +30,7 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
     if listed.as_ref().is_some_and(|d| d.workload.protocol != Protocol::Hbone && d.workload.require_mtls) {
         // Never in plaintext: the app's connection is reset instead of being passed through.
         sockets::reset(app);
-        let labels = TrafficLabels::outbound(Peer::local(&pod), destination_peer, Security::Plaintext);
+        let labels = TrafficLabels::outbound(pod.peer(), destination_peer, Security::Plaintext);
         pod.mesh.metrics.opened(&labels);
         pod.mesh.metrics.closed(&labels, telemetry::RESPONSE_FLAG_DENIED, 0, 0);
         tracing::info!(
@@ -57,7 +57,7 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
     };
     let metrics = &pod.mesh.metrics;
     let security = if destination.is_some() { Security::MutualTls } else { Security::Plaintext };
-    let labels = TrafficLabels::outbound(Peer::local(&pod), destination_peer, security);
+    let labels = TrafficLabels::outbound(pod.peer(), destination_peer, security);
     metrics.opened(&labels);
     let result = match destination {
         Some(d) => {

@@ -20,8 +20,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 use zds::messages::WorkloadInfo;
 
-use crate::context::PodContext;
-use crate::mesh::Mesh;
+use crate::mesh::{Mesh, PodContext};
 use crate::sockets::PodNetns;
 use crate::{dns, inbound, outbound, sockets};
 

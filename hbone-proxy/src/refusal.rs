@@ -19,7 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use istio_contract::ports;
 use tokio::net::TcpStream;
 
-use crate::context::PodContext;
+use crate::mesh::PodContext;
 use crate::metrics::{Direction, RefusalReason};
 use crate::sockets;
 

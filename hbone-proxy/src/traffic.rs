@@ -5,13 +5,20 @@
 //! Every value comes from the workload directory, the pod's own certificate or a verified peer certificate, or is
 //! one of a few fixed words; never from what a peer sends (baggage, headers), so a hostile pod cannot mint series:
 //! there are at most as many as the directory has workloads, and anything not in it reads `unknown`.
+//!
+//! An end whose identity is proven (a client's certificate, the pod's own) is labelled with the directory's
+//! workload at its address only when the directory lists that address with that same identity; otherwise its
+//! workload, canonical names and namespace read `unknown` (for the pod's own end: what its enrollment said), so a
+//! workload cannot pass its traffic off as another's by sending from an address listed for someone else. The
+//! constructors take the directory and plain values, not a pod, so this rule is tested here.
+
+use std::net::IpAddr;
 
 use hbone::Identity;
 use istio_contract::telemetry::{self, label, UNKNOWN};
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 
-use crate::context::PodContext;
-use crate::directory::Destination;
+use crate::directory::{Destination, Directory};
 
 /// One end of a connection as the labels show it; `None` reads `unknown`.
 #[derive(Debug, Clone, Default, Hash, PartialEq, Eq)]
@@ -45,18 +52,17 @@ impl Peer {
         }
     }
 
-    /// The pod `pod` serves, with its own identity as principal: the directory's entry for one of its addresses
-    /// (the one listed with that identity), else only what its ZDS enrollment said (its namespace).
-    pub fn local(pod: &PodContext) -> Self {
-        let cert = pod.cert();
-        let own = cert.identity();
-        let listed = pod.ips.iter().find_map(|ip| pod.mesh.directory.lookup(*ip).filter(|d| d.identity == *own));
+    /// A pod this proxy serves, at addresses `ips`, whose certificate proves `own`, with its own identity as
+    /// principal: the directory's entry for one of its addresses (the one listed with that identity), else only
+    /// what its ZDS enrollment said (its `namespace`) and the node's `cluster`.
+    pub fn local(directory: &Directory, cluster: &str, ips: &[IpAddr], own: &Identity, namespace: &str) -> Self {
+        let listed = ips.iter().find_map(|ip| directory.lookup(*ip).filter(|d| d.identity == *own));
         match listed {
-            Some(destination) => Peer::listed(&destination, &pod.mesh.cluster_id),
+            Some(destination) => Peer::listed(&destination, cluster),
             None => Peer {
-                namespace: Some(pod.baggage.namespace.clone()).filter(|ns| !ns.is_empty()),
+                namespace: Some(namespace.to_owned()).filter(|ns| !ns.is_empty()),
                 principal: Some(own.to_string()),
-                cluster: Some(pod.mesh.cluster_id.clone()).filter(|c| !c.is_empty()),
+                cluster: Some(cluster.to_owned()).filter(|c| !c.is_empty()),
                 ..Peer::default()
             },
         }
@@ -65,18 +71,18 @@ impl Peer {
     /// The client of an inbound HBONE connection from `address`, proven to be `identity` by its certificate: the
     /// directory's entry for that address only if it is listed with that same identity (else its workload is
     /// `unknown`), and the proven identity as principal.
-    pub fn verified_client(pod: &PodContext, address: std::net::IpAddr, identity: &Identity) -> Self {
-        let listed = pod.mesh.directory.lookup(address).filter(|d| d.identity == *identity);
-        let mut peer = listed.map(|d| Peer::listed(&d, &pod.mesh.cluster_id)).unwrap_or_default();
+    pub fn verified_client(directory: &Directory, cluster: &str, address: IpAddr, identity: &Identity) -> Self {
+        let listed = directory.lookup(address).filter(|d| d.identity == *identity);
+        let mut peer = listed.map(|d| Peer::listed(&d, cluster)).unwrap_or_default();
         peer.principal = Some(identity.to_string());
         peer
     }
 
     /// The client of a plaintext inbound connection from `address`: whatever the directory lists there, without a
     /// principal (nothing proved it).
-    pub fn plaintext_client(pod: &PodContext, address: std::net::IpAddr) -> Self {
-        let listed = pod.mesh.directory.lookup(address);
-        let peer = listed.map(|d| Peer::listed(&d, &pod.mesh.cluster_id)).unwrap_or_default();
+    pub fn plaintext_client(directory: &Directory, cluster: &str, address: IpAddr) -> Self {
+        let listed = directory.lookup(address);
+        let peer = listed.map(|d| Peer::listed(&d, cluster)).unwrap_or_default();
         Peer { principal: None, ..peer }
     }
 }
@@ -193,6 +199,124 @@ mod tests {
     use prometheus_client::registry::Registry;
 
     use super::*;
+    use crate::directory::{Protocol, Workload};
+
+    const CLUSTER: &str = "Kubernetes";
+    const TRUST_DOMAIN: &str = "cluster.local";
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn identity(namespace: &str, service_account: &str) -> Identity {
+        Identity::new(TRUST_DOMAIN, namespace, service_account).unwrap()
+    }
+
+    /// A directory listing, for each `(address, workload name, service account)`, that workload in namespace
+    /// `shop`, without a cluster of its own.
+    fn directory(entries: &[(&str, &str, &str)]) -> Directory {
+        let directory = Directory::new(TRUST_DOMAIN);
+        let workloads = entries
+            .iter()
+            .map(|(address, name, service_account)| Workload {
+                uid: format!("uid-{name}"),
+                name: format!("{name}-0"),
+                namespace: "shop".into(),
+                service_account: (*service_account).into(),
+                trust_domain: String::new(),
+                workload_ips: vec![ip(address)],
+                protocol: Protocol::Hbone,
+                node: "node-1".into(),
+                workload_name: (*name).into(),
+                canonical_name: format!("{name}-app"),
+                canonical_revision: "v2".into(),
+                cluster_id: String::new(),
+                require_mtls: false,
+            })
+            .collect();
+        assert!(directory.replace("test", workloads).is_empty());
+        directory
+    }
+
+    /// The labels of the workload `name` the [`directory`] lists with service account `service_account`.
+    fn listed_as(name: &str, service_account: &str) -> Peer {
+        Peer {
+            workload: Some(name.into()),
+            canonical_service: Some(format!("{name}-app")),
+            canonical_revision: Some("v2".into()),
+            namespace: Some("shop".into()),
+            principal: Some(identity("shop", service_account).to_string()),
+            cluster: Some(CLUSTER.into()),
+        }
+    }
+
+    /// Only the principal: what a proven client is labelled with when the directory does not vouch for it.
+    fn principal_only(identity: &Identity) -> Peer {
+        Peer { principal: Some(identity.to_string()), ..Peer::default() }
+    }
+
+    #[test]
+    fn a_proven_client_gets_the_listed_workload_only_where_the_directory_lists_its_identity() {
+        let directory = directory(&[("10.0.0.5", "web", "web-sa")]);
+        let web = identity("shop", "web-sa");
+        assert_eq!(
+            Peer::verified_client(&directory, CLUSTER, ip("10.0.0.5"), &web),
+            listed_as("web", "web-sa"),
+            "listed with the identity it proved: the directory's workload"
+        );
+        assert_eq!(
+            Peer::verified_client(&directory, CLUSTER, ip("::ffff:10.0.0.5"), &web),
+            listed_as("web", "web-sa"),
+            "the v4-mapped form is the same address"
+        );
+        // Another identity sending from web's address (or claiming it): the proven identity, nothing of web's.
+        for other in [
+            identity("shop", "db-sa"),
+            identity("other", "web-sa"),
+            Identity::new("evil.td", "shop", "web-sa").unwrap(),
+        ] {
+            assert_eq!(
+                Peer::verified_client(&directory, CLUSTER, ip("10.0.0.5"), &other),
+                principal_only(&other),
+                "{other} is not listed at 10.0.0.5"
+            );
+        }
+        assert_eq!(Peer::verified_client(&directory, CLUSTER, ip("10.0.0.9"), &web), principal_only(&web), "unlisted");
+    }
+
+    #[test]
+    fn the_pods_own_end_gets_the_listing_of_its_own_identity_only() {
+        // The pod holds 10.0.0.6 and 10.0.0.5; the directory lists 10.0.0.6 as another workload.
+        let directory = directory(&[("10.0.0.6", "db", "db-sa"), ("10.0.0.5", "web", "web-sa")]);
+        let web = identity("shop", "web-sa");
+        let both = [ip("10.0.0.6"), ip("10.0.0.5")];
+        assert_eq!(
+            Peer::local(&directory, CLUSTER, &both, &web, "shop"),
+            listed_as("web", "web-sa"),
+            "the address listed with the pod's identity, not the first one listed"
+        );
+        let enrolled = Peer {
+            namespace: Some("shop".into()),
+            principal: Some(web.to_string()),
+            cluster: Some(CLUSTER.into()),
+            ..Peer::default()
+        };
+        assert_eq!(
+            Peer::local(&directory, CLUSTER, &[ip("10.0.0.6")], &web, "shop"),
+            enrolled,
+            "listed only as another identity: what the enrollment said"
+        );
+        assert_eq!(Peer::local(&directory, CLUSTER, &[ip("10.0.0.9")], &web, "shop"), enrolled, "not listed");
+        assert_eq!(Peer::local(&directory, "", &[ip("10.0.0.9")], &web, ""), principal_only(&web), "empty is unknown");
+    }
+
+    #[test]
+    fn a_plaintext_client_gets_whatever_is_listed_at_its_address_but_no_principal() {
+        let directory = directory(&[("10.0.0.5", "web", "web-sa")]);
+        let listed = Peer { principal: None, ..listed_as("web", "web-sa") };
+        assert_eq!(Peer::plaintext_client(&directory, CLUSTER, ip("10.0.0.5")), listed);
+        assert_eq!(Peer::plaintext_client(&directory, CLUSTER, ip("10.0.0.9")), Peer::default());
+    }
 
     #[test]
     fn every_label_is_written_in_ztunnels_order_with_unknown_for_the_missing() {
