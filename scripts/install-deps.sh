@@ -26,6 +26,8 @@ packages+=(iperf3)
 # The real node (scripts/cluster.sh): containerd 1.6 with its CRI plugin (runc above), conntrack for kube-proxy,
 # gcc for the node's init and the pause image, and ipset to read the host probe set as a user would.
 packages+=(containerd conntrack gcc ipset)
+# The module cycle check (scripts/module-cycles.py) and the helm install's unpacking.
+packages+=(python3)
 
 missing=()
 for pkg in "${packages[@]}"; do
