@@ -3,21 +3,26 @@
 //! [`RECV_TIMEOUT`] instead of hanging the thread (and the pod's enrollment) forever. Every netlink socket the
 //! workspace opens itself comes from [`socket`] and is read with [`recv`]; [`addresses`] is the one rtnetlink
 //! dump this crate needs.
+//!
+//! Every received datagram is walked with [`messages`] (bounds-checked, never panics), and netlink's own numbers
+//! are spelled once, in [`uapi`].
+
+mod messages;
+pub mod uapi;
+
+pub use messages::{messages, Message, Messages};
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
+use uapi::{NLMSG_DONE, NLMSG_HDRLEN, NLM_F_DUMP, NLM_F_REQUEST};
+
 /// How long a netlink socket waits for an answer. The kernel answers netfilter and rtnetlink requests while it
 /// handles them, within microseconds to milliseconds; five seconds of silence means it never will.
 pub const RECV_TIMEOUT: Duration = Duration::from_secs(5);
 
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_DUMP: u16 = 0x300;
 const RTM_GETADDR: u16 = 22;
 const IFADDRMSG_LEN: usize = 8;
 const IFA_ADDRESS: u16 = 1;
@@ -145,46 +150,36 @@ pub fn addresses() -> io::Result<Vec<IpAddr>> {
 
 /// Collects the addresses of the `RTM_NEWADDR` messages in one datagram; `Some` once the dump ended (`Ok`) or
 /// the kernel refused it (`Err` with its errno).
-fn parse_addresses(mut data: &[u8], out: &mut Vec<IpAddr>) -> Option<io::Result<()>> {
-    while data.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
-        let ty = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
-        if len < NLMSG_HDRLEN || len > data.len() {
-            return Some(Err(io::Error::new(io::ErrorKind::InvalidData, "truncated netlink message")));
+fn parse_addresses(data: &[u8], out: &mut Vec<IpAddr>) -> Option<io::Result<()>> {
+    let mut walk = messages(data);
+    for message in walk.by_ref() {
+        if message.ty == NLMSG_DONE {
+            return Some(Ok(()));
         }
-        match ty {
-            NLMSG_DONE => return Some(Ok(())),
-            NLMSG_ERROR if len >= NLMSG_HDRLEN + 4 => {
-                let errno = -i32::from_ne_bytes(data[16..20].try_into().expect("4 bytes"));
-                return Some(if errno == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(errno)) });
-            }
-            _ if len >= NLMSG_HDRLEN + IFADDRMSG_LEN => {
-                let body = &data[NLMSG_HDRLEN..len];
-                let family = i32::from(body[0]);
-                let (mut local, mut address) = (None, None);
-                let mut attrs = &body[IFADDRMSG_LEN..];
-                while attrs.len() >= 4 {
-                    let alen = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
-                    let aty = u16::from_ne_bytes([attrs[2], attrs[3]]);
-                    if alen < 4 || alen > attrs.len() {
-                        break;
-                    }
-                    let ip = ip_of(family, &attrs[4..alen]);
-                    match aty {
-                        IFA_LOCAL => local = ip,
-                        IFA_ADDRESS => address = ip,
-                        _ => {}
-                    }
-                    attrs = &attrs[((alen + 3) & !3).min(attrs.len())..];
-                }
-                // As getifaddrs: the local address when the link has a peer, else the address.
-                out.extend(local.or(address));
-            }
-            _ => {}
+        if let Some(errno) = message.errno() {
+            return Some(if errno == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(errno)) });
         }
-        data = &data[((len + 3) & !3).min(data.len())..];
+        let Some((header, mut attrs)) = message.payload.split_at_checked(IFADDRMSG_LEN) else { continue };
+        let family = i32::from(header[0]);
+        let (mut local, mut address) = (None, None);
+        while attrs.len() >= 4 {
+            let alen = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+            let aty = u16::from_ne_bytes([attrs[2], attrs[3]]);
+            if alen < 4 || alen > attrs.len() {
+                break;
+            }
+            let ip = ip_of(family, &attrs[4..alen]);
+            match aty {
+                IFA_LOCAL => local = ip,
+                IFA_ADDRESS => address = ip,
+                _ => {}
+            }
+            attrs = &attrs[((alen + 3) & !3).min(attrs.len())..];
+        }
+        // As getifaddrs: the local address when the link has a peer, else the address.
+        out.extend(local.or(address));
     }
-    None
+    walk.malformed().then(|| Err(io::Error::new(io::ErrorKind::InvalidData, "truncated netlink message")))
 }
 
 fn ip_of(family: i32, bytes: &[u8]) -> Option<IpAddr> {
@@ -226,10 +221,20 @@ mod tests {
     }
 
     #[test]
+    fn a_length_field_beyond_the_datagram_ends_the_dump_as_invalid_data() {
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&64u32.to_ne_bytes());
+        msg.extend_from_slice(&RTM_GETADDR.to_ne_bytes());
+        msg.extend_from_slice(&[0u8; 26]);
+        let err = parse_addresses(&msg, &mut Vec::new()).unwrap().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    }
+
+    #[test]
     fn a_kernel_error_ends_the_dump_with_its_errno() {
         let mut msg = Vec::new();
         msg.extend_from_slice(&20u32.to_ne_bytes());
-        msg.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        msg.extend_from_slice(&uapi::NLMSG_ERROR.to_ne_bytes());
         msg.extend_from_slice(&[0u8; 10]);
         msg.extend_from_slice(&(-libc::EPERM).to_ne_bytes());
         let err = parse_addresses(&msg, &mut Vec::new()).unwrap().unwrap_err();
