@@ -9,11 +9,13 @@ use std::sync::{Arc, Mutex};
 use zds::messages::WorkloadInfo;
 use zds::server::{PodSnapshotEntry, SnapshotSource};
 
+use crate::pod::PodUid;
+
 /// One enrolled pod.
 #[derive(Debug, Clone)]
 pub struct Enrolled {
     /// Pod UID (the cache key).
-    pub uid: String,
+    pub uid: PodUid,
     /// Name, namespace and service account, as the proxy needs them.
     pub info: WorkloadInfo,
     /// The pod's IPs (host probe set entries).
@@ -25,7 +27,7 @@ pub struct Enrolled {
 /// Shared, cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct PodCache {
-    pods: Arc<Mutex<BTreeMap<String, Enrolled>>>,
+    pods: Arc<Mutex<BTreeMap<PodUid, Enrolled>>>,
 }
 
 impl PodCache {
@@ -45,7 +47,7 @@ impl PodCache {
     }
 
     /// Every enrolled pod's UID with its name and namespace: what a relist checks against the fresh list.
-    pub fn enrolled(&self) -> Vec<(String, WorkloadInfo)> {
+    pub fn enrolled(&self) -> Vec<(PodUid, WorkloadInfo)> {
         self.lock().values().map(|p| (p.uid.clone(), p.info.clone())).collect()
     }
 
@@ -59,7 +61,7 @@ impl PodCache {
         self.lock().len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Enrolled>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<PodUid, Enrolled>> {
         self.pods.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -68,7 +70,7 @@ impl SnapshotSource for PodCache {
     fn snapshot(&self) -> Vec<PodSnapshotEntry> {
         self.lock()
             .values()
-            .map(|p| PodSnapshotEntry { uid: p.uid.clone(), info: p.info.clone(), netns: p.netns.clone() })
+            .map(|p| PodSnapshotEntry { uid: p.uid.to_string(), info: p.info.clone(), netns: p.netns.clone() })
             .collect()
     }
 }

@@ -44,6 +44,7 @@ use crate::cache::{Enrolled, PodCache};
 use crate::config::Config;
 use crate::explain::report::ProxyState;
 use crate::metrics::Metrics;
+use crate::pod::{key, PodUid};
 use crate::pod_gate::{Pass, PodGate};
 use crate::timeline::{Clock, Source, Timed, Timelines};
 
@@ -213,7 +214,7 @@ pub struct Enroller {
     gate: PodGate,
     /// Enrolled pods (the proxy acked them) whose annotation failed: the watch's retry annotates them
     /// ([`Enroller::annotate_pending`]); nothing else would, since they are enrolled.
-    unannotated: std::sync::Mutex<HashSet<String>>,
+    unannotated: std::sync::Mutex<HashSet<PodUid>>,
     /// Each pod's latest enrollment, step by step, for `node-agent explain`; a pod's record goes with the pod.
     timelines: Timelines,
     #[cfg(debug_assertions)]
@@ -223,22 +224,14 @@ pub struct Enroller {
 /// What the proxy needs to know about a pod's identity.
 fn workload_info(pod: &Pod) -> WorkloadInfo {
     WorkloadInfo {
-        name: pod.metadata.name.clone().unwrap_or_default(),
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: crate::pod::name(pod).to_string(),
+        namespace: crate::pod::namespace(pod).to_string(),
         service_account: pod
             .spec
             .as_ref()
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_else(|| "default".into()),
     }
-}
-
-fn key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 impl Enroller {
@@ -271,8 +264,9 @@ impl Enroller {
     /// Records that `pod` was deleted, without waiting for anything: an enrollment of it in flight rolls back at
     /// its next stage, and any later one is refused. Called by the pod watch before it removes the pod.
     pub fn mark_deleted(&self, pod: &Pod) {
-        if let Some(uid) = pod.metadata.uid.as_deref().filter(|uid| !uid.is_empty()) {
-            self.gate.mark_deleted(uid);
+        let uid = PodUid::of(pod);
+        if !uid.is_empty() {
+            self.gate.mark_deleted(&uid);
         }
     }
 
@@ -347,7 +341,7 @@ impl Enroller {
     /// shows the failed step and its time instead of nothing. A pod enrolled meanwhile (by the plugin), or deleted,
     /// keeps its record.
     pub async fn search_failed(&self, pod: &Pod, ips: &[IpAddr], search: Timed, error: &str) {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = PodUid::of(pod);
         let _pass = self.gate.enter(&uid).await;
         if self.gate.is_deleted(&uid) || self.cache.get(&uid).is_some() {
             return;
@@ -388,7 +382,7 @@ impl Enroller {
         on_failure: OnFailure,
         search: Option<Timed>,
     ) -> Result<(), EnrollError> {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = PodUid::of(pod);
         let span = tracing::info_span!("enroll", pod = %key(pod), uid = %uid);
         async {
             let answer_by = match on_failure {
@@ -452,7 +446,7 @@ impl Enroller {
     ) -> Result<(), EnrollError> {
         let ips = ips.to_vec();
         let name = key(pod);
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = PodUid::of(pod);
         self.checkpoint(Stage::Rules, pod, &ips, done).await?;
         let started = Instant::now();
         let clock = Clock::start();
@@ -539,7 +533,7 @@ impl Enroller {
     /// Between two steps: pauses here if the test hook says so (debug builds), then, if the pod was deleted
     /// meanwhile, undoes what was `done` and fails with [`EnrollError::Deleted`].
     async fn checkpoint(&self, stage: Stage, pod: &Pod, ips: &[IpAddr], done: &Done) -> Result<(), EnrollError> {
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let uid = &PodUid::of(pod);
         #[cfg(debug_assertions)]
         if let Some(pause) = &self.pause {
             pause.at(stage, uid).await;
@@ -560,7 +554,7 @@ impl Enroller {
     /// otherwise): the watch's reconciliation of an enrolled pod calls it, and retries it with backoff when it
     /// fails, so the annotation, which other nodes' proxies find the pod by, is not lost to one failed request.
     pub async fn annotate_pending(&self, pod: &Pod) -> Result<(), EnrollError> {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = PodUid::of(pod);
         if !self.unannotated().contains(&uid) {
             return Ok(());
         }
@@ -577,7 +571,7 @@ impl Enroller {
         Ok(())
     }
 
-    fn unannotated(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn unannotated(&self) -> std::sync::MutexGuard<'_, HashSet<PodUid>> {
         self.unannotated.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -628,10 +622,10 @@ impl Enroller {
         search: Timed,
     ) -> Result<(), EnrollError> {
         let name = key(pod);
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = PodUid::of(pod);
         let _pass = self.gate.enter(&uid).await;
         if self.gate.is_deleted(&uid) {
-            return Err(EnrollError::Deleted { pod: name, uid, stage: Stage::Rules.name() });
+            return Err(EnrollError::Deleted { pod: name, uid: uid.into(), stage: Stage::Rules.name() });
         }
         self.timelines.begin(&uid, Source::Restore, &ips, search.started());
         let result = self.restore_steps(pod, netns, ips, reprogram, search).await;
@@ -648,7 +642,7 @@ impl Enroller {
         search: Timed,
     ) -> Result<(), EnrollError> {
         let name = key(pod);
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = PodUid::of(pod);
         let mut fd = None;
         let clock = Clock::start();
         let netns = match netns {
@@ -701,7 +695,7 @@ impl Enroller {
     /// proxy Del to every connection, and the annotation (unless deleted). Waits for an enrollment of the pod in
     /// flight to end first, then removes what it left.
     pub async fn remove(&self, pod: &Pod, deleting: bool) -> Result<(), EnrollError> {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = PodUid::of(pod);
         let name = key(pod);
         let _pass = self.gate.enter(&uid).await;
         self.unannotated().remove(&uid);
@@ -763,8 +757,8 @@ pub(crate) const FIELD_MANAGER: &str = "node-agent";
 /// [`API_CALL_TIMEOUT`]: an enrollment waiting on an unanswered request would hold the pod's netns and its rollback
 /// (found by the soak test).
 async fn patch_status(client: &Client, pod: &Pod, patch: serde_json::Value) -> Result<(), EnrollError> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), pod.metadata.namespace.as_deref().unwrap_or_default());
-    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(client.clone(), crate::pod::namespace(pod));
+    let name = crate::pod::name(pod);
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
     let patch = Patch::Merge(&patch);
     match tokio::time::timeout(API_CALL_TIMEOUT, api.patch_status(name, &params, &patch)).await {

@@ -43,6 +43,7 @@ use crate::config::Config;
 use crate::enroll::{EnrollError, Enroller, API_CALL_TIMEOUT};
 use crate::metrics::{Metrics, ResponseCode};
 use crate::plugin_socket;
+use crate::pod::PodUid;
 use crate::pod_lookup::{PodLookup, WAIT};
 
 /// Largest event body accepted.
@@ -104,9 +105,9 @@ impl EventChecks {
             return Err(Refusal::OtherNode { pod: name, node, this: self.node_name.clone() });
         }
         if let Some(claimed) = &event.pod_uid {
-            let actual = pod.metadata.uid.clone().unwrap_or_default();
-            if *claimed != actual {
-                return Err(Refusal::UidMismatch { pod: name, claimed: claimed.clone(), actual });
+            let actual = PodUid::of(pod);
+            if claimed.as_str() != actual.as_str() {
+                return Err(Refusal::UidMismatch { pod: name, claimed: claimed.clone(), actual: actual.into() });
             }
         }
         Ok(())

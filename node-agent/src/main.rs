@@ -16,6 +16,7 @@ mod metrics;
 mod node_pods;
 mod plugin_logs;
 mod plugin_socket;
+mod pod;
 mod pod_gate;
 mod pod_lookup;
 mod probe_selftest;

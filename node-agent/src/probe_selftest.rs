@@ -277,7 +277,7 @@ impl SelfTest {
         let fd = pod.netns.as_ref()?.try_clone().ok()?;
         let name = pod_name(&pod);
         let netns = Netns::from_fd(fd, format!("netns of pod {name}")).ok()?;
-        Some(Target { uid: pod.uid, name, ip, netns })
+        Some(Target { uid: pod.uid.into(), name, ip, netns })
     }
 
     /// Publishes `result`: metrics, readiness, the log, [`last_result`].

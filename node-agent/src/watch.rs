@@ -32,6 +32,7 @@ use istio_contract::names::{AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED};
 use crate::enroll::Enroller;
 use crate::metrics::{EventType, Metrics};
 use crate::node_pods::{PodEvent, PodEvents};
+use crate::pod::{ips as pod_ips, is_terminal as terminal, is_terminating as terminating, PodUid};
 use crate::timeline::{Clock, Timed};
 use istio_contract::enablement::{should_enroll, PodFacts, Selectors};
 
@@ -64,15 +65,15 @@ struct Scan {
 
 impl Scan {
     /// What the scan says of pod `id` (its netns is taken out).
-    fn take(&mut self, id: &str) -> Searched {
-        Searched { netns: self.found.remove(id).ok_or_else(|| self.missing.clone()), step: self.step }
+    fn take(&mut self, id: &PodUid) -> Searched {
+        Searched { netns: self.found.remove(id.as_str()).ok_or_else(|| self.missing.clone()), step: self.step }
     }
 }
 
 enum Change {
     Pod(PodEvent),
     Namespace(Box<watcher::Event<Namespace>>),
-    Retry(String),
+    Retry(PodUid),
 }
 
 /// What enrollment follows.
@@ -103,7 +104,7 @@ pub async fn run(
         .default_backoff()
         .reflect(namespace_store)
         .map(|e| e.map(|e| Change::Namespace(Box::new(e))));
-    let (retry_tx, retry_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (retry_tx, retry_rx) = tokio::sync::mpsc::unbounded_channel::<PodUid>();
     let retries = tokio_stream_from(retry_rx).map(|uid| Ok(Change::Retry(uid)));
     let mut changes = std::pin::pin!(futures::stream::select(futures::stream::select(pods, namespaces), retries));
 
@@ -175,33 +176,10 @@ struct State {
     /// This node's pods, shared with the watch (lookups only).
     pods: Store<Pod>,
     namespaces: HashMap<String, BTreeMap<String, String>>,
-    backoff: HashMap<String, Duration>,
-    retry_tx: tokio::sync::mpsc::UnboundedSender<String>,
+    backoff: HashMap<PodUid, Duration>,
+    retry_tx: tokio::sync::mpsc::UnboundedSender<PodUid>,
     /// The UIDs a relist of the live watch has listed so far (after a 410 or a dropped watch); `None` outside one.
-    relist: Option<HashSet<String>>,
-}
-
-fn uid(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_default()
-}
-
-/// The pod's IPs from its status (`podIPs`, else `podIP`); in-place repair finds netns with them too.
-pub(crate) fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
-    let status = pod.status.as_ref();
-    status
-        .and_then(|s| s.pod_ips.as_ref())
-        .map(|ips| ips.iter().filter_map(|ip| ip.ip.parse().ok()).collect())
-        .or_else(|| status.and_then(|s| s.pod_ip.as_ref()).and_then(|ip| ip.parse().ok()).map(|ip| vec![ip]))
-        .unwrap_or_default()
-}
-
-fn terminal(pod: &Pod) -> bool {
-    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-}
-
-/// Being deleted gracefully: still running (its grace period or finalizers hold it), not yet gone.
-fn terminating(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_some()
+    relist: Option<HashSet<PodUid>>,
 }
 
 impl State {
@@ -240,11 +218,11 @@ impl State {
     fn pod_deleted(&mut self, pod: &Pod) {
         self.enroller.mark_deleted(pod);
         self.count("delete");
-        self.backoff.remove(&uid(pod));
+        self.backoff.remove(&PodUid::of(pod));
         let (enroller, pod) = (self.enroller.clone(), pod.clone());
         tokio::spawn(async move {
             if let Err(e) = enroller.remove(&pod, true).await {
-                tracing::warn!(pod = %uid(&pod), error = %e, "removing deleted pod");
+                tracing::warn!(pod = %PodUid::of(&pod), error = %e, "removing deleted pod");
             }
         });
     }
@@ -259,7 +237,7 @@ impl State {
     /// A pod of the relist.
     fn relisted(&mut self, pod: &Pod) {
         if let Some(seen) = self.relist.as_mut() {
-            seen.insert(uid(pod));
+            seen.insert(PodUid::of(pod));
         }
     }
 
@@ -270,7 +248,8 @@ impl State {
         let Some(seen) = self.relist.take() else { return };
         let enrolled = self.enroller.cache().enrolled();
         // A pod never enrolled (its enrollment failed) leaves only its record; it goes with the pod.
-        let kept: HashSet<&str> = seen.iter().chain(enrolled.iter().map(|(id, _)| id)).map(String::as_str).collect();
+        let kept: HashSet<&str> =
+            seen.iter().map(PodUid::as_str).chain(enrolled.iter().map(|(id, _)| id.as_str())).collect();
         self.enroller.timelines().retain_ended(|id| kept.contains(id));
         for (id, info) in enrolled {
             if seen.contains(&id) {
@@ -288,7 +267,7 @@ impl State {
                             metadata: kube::api::ObjectMeta {
                                 name: Some(info.name.clone()),
                                 namespace: Some(info.namespace.clone()),
-                                uid: Some(id.clone()),
+                                uid: Some(id.to_string()),
                                 ..Default::default()
                             },
                             ..Default::default()
@@ -321,7 +300,7 @@ impl State {
     fn needs_netns(&self, pod: &Pod) -> bool {
         self.wanted(pod)
             && !terminating(pod)
-            && self.enroller.cache().get(&uid(pod)).is_none()
+            && self.enroller.cache().get(PodUid::of(pod).as_str()).is_none()
             && !pod_ips(pod).is_empty()
     }
 
@@ -330,15 +309,15 @@ impl State {
         let to_enroll: Vec<Arc<Pod>> = pods.iter().filter(|p| self.needs_netns(p)).cloned().collect();
         let mut scan = self.find_all_netns(&to_enroll).await;
         for pod in pods {
-            let id = uid(&pod);
-            let scanned = to_enroll.iter().any(|p| uid(p) == id).then(|| scan.take(&id));
+            let id = PodUid::of(&pod);
+            let scanned = to_enroll.iter().any(|p| PodUid::of(p) == id).then(|| scan.take(&id));
             self.reconcile_with(&pod, scanned).await;
         }
     }
 
     /// A failed pod's turn again, if it is still on this node.
-    async fn retry(&mut self, id: &str) {
-        if let Some(pod) = self.pods.find(|p| uid(p) == id) {
+    async fn retry(&mut self, id: &PodUid) {
+        if let Some(pod) = self.pods.find(|p| PodUid::of(p) == *id) {
             self.reconcile(&pod).await;
         }
     }
@@ -350,9 +329,8 @@ impl State {
 
     /// [`State::reconcile`], with what a scan for several pods found of the pod's netns when it already looked.
     async fn reconcile_with(&mut self, pod: &Pod, scanned: Option<Searched>) {
-        let id = uid(pod);
-        let id = id.as_str();
-        let enrolled = self.enroller.cache().get(id).is_some();
+        let id = PodUid::of(pod);
+        let enrolled = self.enroller.cache().get(id.as_str()).is_some();
         let result = match (self.wanted(pod), enrolled) {
             // Shutting down: an enrolled pod stays so until it is gone, and a pod not enrolled is left out.
             (true, false) if terminating(pod) => Ok(()),
@@ -364,14 +342,13 @@ impl State {
         };
         match result {
             Ok(()) => {
-                self.backoff.remove(id);
+                self.backoff.remove(&id);
             }
             Err(e) => {
-                let delay = self.backoff.get(id).map_or(Duration::from_millis(200), |d| (*d * 2).min(MAX_BACKOFF));
-                self.backoff.insert(id.to_string(), delay);
-                tracing::warn!(pod = id, error = %e, retry_in = ?delay, "reconcile failed");
+                let delay = self.backoff.get(&id).map_or(Duration::from_millis(200), |d| (*d * 2).min(MAX_BACKOFF));
+                self.backoff.insert(id.clone(), delay);
+                tracing::warn!(pod = %id, error = %e, retry_in = ?delay, "reconcile failed");
                 let tx = self.retry_tx.clone();
-                let id = id.to_string();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
                     let _ = tx.send(id);
@@ -402,8 +379,8 @@ impl State {
 
     /// One pod's search, counted in the `netns` phase whatever it found.
     async fn find_netns(&self, pod: &Pod, ips: &[IpAddr]) -> Searched {
-        let id = uid(pod);
-        let mut scan = self.scan(vec![(id.clone(), ips.to_vec())]).await;
+        let id = PodUid::of(pod);
+        let mut scan = self.scan(vec![(id.to_string(), ips.to_vec())]).await;
         self.metrics.phase_took("netns", scan.step.took());
         scan.take(&id)
     }
@@ -416,7 +393,7 @@ impl State {
             let step = Clock::start().stop();
             return Scan { found: HashMap::new(), step, missing: not_found(&self.config.host_proc) };
         }
-        let scan = self.scan(pods.iter().map(|p| (uid(p), pod_ips(p))).collect()).await;
+        let scan = self.scan(pods.iter().map(|p| (PodUid::of(p).into(), pod_ips(p))).collect()).await;
         for _ in 0..scan.found.len() {
             self.metrics.phase_took("netns", scan.step.took());
         }
@@ -455,13 +432,13 @@ impl State {
         let mut scan = self.find_all_netns(&annotated).await;
         for pod in annotated {
             let ips = pod_ips(&pod);
-            let searched = scan.take(&uid(&pod));
+            let searched = scan.take(&PodUid::of(&pod));
             if let Err(error) = &searched.netns {
-                tracing::warn!(pod = %uid(&pod), %error, "enrolled pod's netns not found; the proxy gets Keep");
+                tracing::warn!(pod = %PodUid::of(&pod), %error, "enrolled pod's netns not found; the proxy gets Keep");
             }
             let reprogram = self.config.ambient_reconcile_pod_rules_on_startup;
             if let Err(e) = self.enroller.restore(&pod, searched.netns, ips, reprogram, searched.step).await {
-                tracing::warn!(pod = %uid(&pod), error = %e, "restoring enrolled pod");
+                tracing::warn!(pod = %PodUid::of(&pod), error = %e, "restoring enrolled pod");
             }
         }
         self.reconcile_all(self.pods.state()).await;

@@ -39,8 +39,8 @@ use crate::cache::Enrolled;
 use crate::config::Config;
 use crate::enroll::Enroller;
 use crate::metrics::{DriftKind, Metrics};
+use crate::pod::{self, ips as pod_ips, PodUid};
 use crate::repair::in_place::{sidecar_plan, InPlace};
-use crate::watch::pod_ips;
 
 pub mod read;
 
@@ -250,8 +250,8 @@ impl Drift {
         };
         let mut seen = Vec::new();
         for entry in enroller.cache().pods() {
-            seen.push(entry.uid.clone());
-            self.check_ambient(enroller, entry.uid.clone(), entries.as_deref()).await;
+            seen.push(entry.uid.to_string());
+            self.check_ambient(enroller, entry.uid.to_string(), entries.as_deref()).await;
         }
         seen
     }
@@ -391,12 +391,11 @@ impl Drift {
             .state()
             .into_iter()
             .filter(|p| {
-                let uid = p.metadata.uid.as_deref().unwrap_or_default();
-                let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-                running
-                    && p.metadata.deletion_timestamp.is_none()
+                let uid = PodUid::of(p);
+                pod::is_running(p)
+                    && !pod::is_terminating(p)
                     && !uid.is_empty()
-                    && cache.is_none_or(|c| c.get(uid).is_none())
+                    && cache.is_none_or(|c| c.get(uid.as_str()).is_none())
                     && !pod_ips(p).is_empty()
                     && self.inner.sidecar.skip_reason(p).is_none()
             })
@@ -405,8 +404,7 @@ impl Drift {
             return Vec::new();
         }
         let proc_dir = self.inner.proc_dir.clone();
-        let asked: Vec<(String, Vec<IpAddr>)> =
-            candidates.iter().map(|p| (p.metadata.uid.clone().unwrap_or_default(), pod_ips(p))).collect();
+        let asked: Vec<(String, Vec<IpAddr>)> = candidates.iter().map(|p| (PodUid::of(p).into(), pod_ips(p))).collect();
         let scan = blocking(move || {
             let borrowed: Vec<(&str, &[IpAddr])> = asked.iter().map(|(u, ips)| (u.as_str(), ips.as_slice())).collect();
             netns::discover::find_pods_netns(&proc_dir, &borrowed).map_err(|e| DriftError::Backend(e.to_string()))
@@ -420,7 +418,7 @@ impl Drift {
         };
         let mut checked = Vec::new();
         for pod in candidates {
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let uid = String::from(PodUid::of(&pod));
             if let Some(netns) = found.remove(&uid) {
                 checked.push(uid.clone());
                 self.check_sidecar(uid, pod, netns).await;
@@ -471,11 +469,7 @@ impl Drift {
 
     /// Counts, logs and remembers one pod's check.
     fn record(&self, uid: &str, pod: &Pod, mode: &'static str, out: Outcome, kind: &'static str) {
-        let name = format!(
-            "{}/{}",
-            pod.metadata.namespace.as_deref().unwrap_or_default(),
-            pod.metadata.name.as_deref().unwrap_or_default()
-        );
+        let name = pod::key(pod);
         let metrics = &self.inner.metrics;
         let rules_drifted = out.report.as_ref().is_some_and(RuleReport::drifted);
         let probe_drifted = out.in_probe_set == Some(false);

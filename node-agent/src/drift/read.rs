@@ -17,8 +17,8 @@ use super::PER_POD_TIMEOUT;
 use crate::cache::Enrolled;
 use crate::config::Config;
 use crate::enroll::Enroller;
+use crate::pod::{ips as pod_ips, PodUid};
 use crate::repair::in_place::sidecar_plan;
-use crate::watch::pod_ips;
 
 /// Why a pod's rules could not be inspected or repaired.
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +65,7 @@ pub struct PodRules {
 /// set; changes nothing and takes no pass (a read during an enrollment shows the enrollment's progress). `pod`
 /// gives the annotations the plan is built from.
 pub async fn inspect_pod(enroller: &Enroller, pod: &Pod) -> Result<PodRules, DriftError> {
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let entry = enroller.cache().get(&uid).ok_or(DriftError::NotEnrolled)?;
+    let entry = enroller.cache().get(PodUid::of(pod).as_str()).ok_or(DriftError::NotEnrolled)?;
     let plan = ambient_plan(enroller, pod)?;
     let netns = entry_netns(&entry)?;
     let (backend, probe) = (enroller.backend(), enroller.hostprobe());
@@ -87,13 +86,13 @@ pub async fn inspect_sidecar(backend: Backend, netns: Netns, pod: &Pod) -> Resul
 
 /// Finds a running pod's netns through `HOST_PROC` (by its UID and IPs, as the watch finds running pods).
 pub async fn find_netns(config: &Config, pod: &Pod) -> Result<Netns, DriftError> {
-    let (proc_dir, uid, ips) = (config.host_proc.clone(), pod.metadata.uid.clone().unwrap_or_default(), pod_ips(pod));
+    let (proc_dir, uid, ips) = (config.host_proc.clone(), PodUid::of(pod), pod_ips(pod));
     if ips.is_empty() {
         return Err(DriftError::NoIp);
     }
     let shown = proc_dir.display().to_string();
     blocking(move || {
-        netns::discover::find_pod_netns(&proc_dir, &uid, &ips)
+        netns::discover::find_pod_netns(&proc_dir, uid.as_str(), &ips)
             .map_err(|e| DriftError::Backend(e.to_string()))?
             .ok_or(DriftError::NetnsNotFound(shown))
     })

@@ -23,7 +23,7 @@ use super::report::{DriftCheck, HostProbe, Mode, Netns, ProbeSelfTest, ProxyStat
 use crate::config::Config;
 use crate::drift::{self, Drift, LastCheck};
 use crate::enroll::Enroller;
-use crate::watch::pod_ips;
+use crate::pod::{ips as pod_ips, is_terminating, key, terminal_phase, PodUid};
 
 /// The verdict of an enrolled ambient pod.
 const IN_MESH_AMBIENT: &str = "in mesh (ambient)";
@@ -56,18 +56,6 @@ struct Decided {
     /// Why the pod is not in the mesh, when that is already known.
     out: Option<String>,
     sidecar: Option<Sidecar>,
-}
-
-fn terminal_phase(pod: &Pod) -> Option<&str> {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()).filter(|p| matches!(*p, "Succeeded" | "Failed"))
-}
-
-fn key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 /// `key=value, ...` of a label map.
@@ -197,7 +185,7 @@ impl Explainer {
     pub async fn pod(&self, namespace: &str, name: &str) -> Option<Report> {
         let pod = self.pods.get(&ObjectRef::new(name).within(namespace))?;
         let decided = self.decide(&pod);
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let uid = String::from(PodUid::of(&pod));
         let mut report = Report {
             pod: key(&pod),
             uid: uid.clone(),
@@ -289,18 +277,18 @@ impl Explainer {
             Mode::None => "not in mesh".into(),
             Mode::Ambient => {
                 let Some(enroller) = &self.enroller else { return "not in mesh: ambient is disabled".into() };
-                let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-                let timeline = enroller.timelines().get(uid);
+                let uid = PodUid::of(pod);
+                let timeline = enroller.timelines().get(uid.as_str());
                 if let Some(t) = timeline.as_ref().filter(|t| t.failed) {
                     let error = t.last_error.as_ref().map(|e| e.message.clone()).unwrap_or_else(|| t.outcome.clone());
                     return format!("enrollment failed: {error}");
                 }
-                if enroller.cache().get(uid).is_some() {
+                if enroller.cache().get(uid.as_str()).is_some() {
                     return IN_MESH_AMBIENT.into();
                 }
                 if timeline.is_some() {
                     "not in mesh: enrollment in progress".into()
-                } else if pod.metadata.deletion_timestamp.is_some() {
+                } else if is_terminating(pod) {
                     "not in mesh: terminating, and never newly enrolled".into()
                 } else if pod_ips(pod).is_empty() {
                     "not in mesh: not enrolled yet (waiting for the plugin's ADD)".into()

@@ -35,8 +35,8 @@ impl Recorder {
     /// waits for it, and a failure is only logged.
     pub fn warn(&self, pod: &Pod, reason: &'static str, message: String) {
         let event = self.event(pod, reason, message);
-        let (client, ns) = (self.client.clone(), pod.metadata.namespace.clone().unwrap_or_default());
-        let name = pod.metadata.name.clone().unwrap_or_default();
+        let (client, ns) = (self.client.clone(), crate::pod::namespace(pod).to_string());
+        let name = crate::pod::name(pod).to_string();
         tokio::spawn(async move {
             match Api::<Event>::namespaced(client, &ns).create(&PostParams::default(), &event).await {
                 Ok(_) => tracing::debug!(pod = %format!("{ns}/{name}"), reason, "event written"),
@@ -47,7 +47,7 @@ impl Recorder {
 
     fn event(&self, pod: &Pod, reason: &str, message: String) -> Event {
         let now = Timestamp::now();
-        let name = pod.metadata.name.clone().unwrap_or_default();
+        let name = crate::pod::name(pod).to_string();
         Event {
             metadata: ObjectMeta {
                 // As client-go's recorder names them: the object's name and the time in hex nanoseconds.

@@ -13,7 +13,7 @@ use redirect::backend::{Backend, BackendError};
 use redirect::sidecar::Plan;
 
 use crate::config::Config;
-use crate::watch::pod_ips;
+use crate::pod::{ips as pod_ips, PodUid};
 
 /// Why a pod could not be repaired in place; the controller then falls back to the next mode, if any.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +81,7 @@ impl InPlace {
     /// Why the plugin would not have redirected `pod` (excluded namespace, host network, [`sidecar::decide`]'s
     /// reasons), so in-place repair leaves it alone too; `None` for a pod to repair.
     pub fn skip_reason(&self, pod: &Pod) -> Option<String> {
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let ns = crate::pod::namespace(pod);
         if self.excluded.iter().any(|n| n == ns) {
             return Some(format!("namespace {ns} is excluded"));
         }
@@ -100,7 +100,7 @@ impl InPlace {
     pub async fn repair(&self, pod: &Pod) -> Result<(), RepairError> {
         let ips = pod_ips(pod);
         let plan = sidecar_plan(pod)?;
-        let (this, uid) = (self.clone(), pod.metadata.uid.clone().unwrap_or_default());
+        let (this, uid) = (self.clone(), PodUid::of(pod));
         tokio::task::spawn_blocking(move || {
             let netns = netns::discover::find_pod_netns(&this.proc_dir, &uid, &ips)
                 .map_err(|source| RepairError::Discover { proc_dir: this.proc_dir.clone(), source })?

@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::config::{Config, RepairConfig};
 use crate::metrics::{Metrics, RepairType};
 use crate::node_pods::{NodePods, PodEvents};
+use crate::pod::PodUid;
 use broken::Criteria;
 use events::{Recorder, REASON_DELETE, REASON_LABEL};
 use in_place::InPlace;
@@ -124,13 +125,9 @@ struct Controller {
     in_place: Option<InPlace>,
     label: (String, String),
     /// UIDs of pods already acted on: one action per broken pod, forgotten when the pod goes away.
-    done: HashSet<String>,
+    done: HashSet<PodUid>,
     /// UIDs seen during a (re)list, to forget pods deleted while the watch was down.
-    listed: HashSet<String>,
-}
-
-fn uid(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_default()
+    listed: HashSet<PodUid>,
 }
 
 impl Controller {
@@ -140,7 +137,7 @@ impl Controller {
             match &*event {
                 Event::Init => self.listed.clear(),
                 Event::InitApply(pod) => {
-                    self.listed.insert(uid(pod));
+                    self.listed.insert(PodUid::of(pod));
                     self.seen(pod, &metrics).await;
                 }
                 Event::InitDone => {
@@ -149,7 +146,7 @@ impl Controller {
                 }
                 Event::Apply(pod) => self.seen(pod, &metrics).await,
                 Event::Delete(pod) => {
-                    self.done.remove(&uid(pod));
+                    self.done.remove(&PodUid::of(pod));
                 }
             }
         }
@@ -162,12 +159,11 @@ impl Controller {
 
     /// Acts on `pod` if it is broken and not handled yet: the first action, then the fallback if it failed.
     async fn seen(&mut self, pod: &Pod, metrics: &Metrics) {
-        let id = uid(pod);
+        let id = PodUid::of(pod);
         if self.done.contains(&id) || pod.metadata.deletion_timestamp.is_some() || !self.criteria.broken(pod) {
             return;
         }
-        let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or_default(), pod.metadata.name.as_deref());
-        let name = name.unwrap_or_default();
+        let (ns, name) = (crate::pod::namespace(pod), crate::pod::name(pod));
         for action in self.actions.clone() {
             let result = self.act(action, pod, ns, name).await;
             let counted = match &result {
@@ -212,7 +208,7 @@ impl Controller {
             Action::Delete => {
                 tracing::info!("Deleting broken pod: {ns}/{name}");
                 // The UID precondition keeps a recreated pod of the same name (a StatefulSet's) safe.
-                let preconditions = Preconditions { uid: Some(uid(pod)), resource_version: None };
+                let preconditions = Preconditions { uid: Some(PodUid::of(pod).into()), resource_version: None };
                 let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
                 api.delete(name, &params).await.map(|_| ())
             }
