@@ -1,7 +1,13 @@
-//! The node proxy's workload directory, as a library: the binary (`src/main.rs`, behind the default `runtime`
-//! feature) uses it as `crate::directory`, and the fuzz targets build its local workload file parser without the
-//! runtime, as a dependency.
+//! The parts of the node proxy that build without its runtime, as a library: the binary (`src/main.rs`, behind
+//! the default `runtime` feature) uses them as `crate::directory` and `crate::dns::wire`, and the fuzz targets
+//! build their parsers (the local workload file's, the DNS forwarder's wire parser) without the runtime, as a
+//! dependency.
 
 #![warn(missing_docs)]
 
 pub mod directory;
+
+/// The DNS forwarder's parts that need no runtime; the forwarder itself is the binary's `dns` module.
+pub mod dns {
+    pub mod wire;
+}

@@ -150,7 +150,8 @@ impl PodProxy {
             let tcp = sockets::listen_in(&netns, addr)
                 .await
                 .map_err(|e| netns_err(&format!("listening on tcp {addr}"), e))?;
-            let udp = dns::bind_udp(&netns, addr).await.map_err(|e| netns_err(&format!("binding udp {addr}"), e))?;
+            let udp =
+                sockets::bind_udp_in(&netns, addr).await.map_err(|e| netns_err(&format!("binding udp {addr}"), e))?;
             let fwd = forwarder.clone();
             listeners.spawn(accept.serve(tcp, "dns tcp", move |s, peer| dns::serve_tcp(fwd.clone(), s, peer)));
             listeners.spawn(dns::serve_udp(forwarder.clone(), udp));

@@ -1,8 +1,9 @@
 //! Sockets inside a pod's network namespace: created on the pod's socket thread, which entered the namespace once
 //! when the pod's proxy started (a socket belongs to the namespace it was created in), marked so the in-pod rules
 //! let them through, then handed to tokio. No runtime worker ever waits for a thread: a request goes to the
-//! pod's thread over a channel and the answer comes back on a oneshot. Also reads a redirected connection's
-//! original destination.
+//! pod's thread over a channel and the answer comes back on a oneshot. Every socket the proxy opens in a pod is
+//! made here, with the mark: TCP listeners and connections, and the DNS forwarder's UDP sockets. Also reads a
+//! redirected connection's original destination.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -16,7 +17,7 @@ use netns::{Netns, NetnsThread};
 use nix::sys::socket::{
     bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage,
 };
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 use tokio::sync::oneshot;
 
 /// How long an upstream connect may take.
@@ -78,13 +79,36 @@ fn family(ip: IpAddr) -> AddressFamily {
     }
 }
 
-/// A non-blocking TCP socket of `ip`'s family carrying the proxy mark (the in-pod rules neither capture nor loop
-/// its packets), created in the calling thread's netns.
-fn marked_socket(ip: IpAddr) -> io::Result<OwnedFd> {
+/// A non-blocking socket of `ip`'s family and type `ty` carrying the proxy mark (the in-pod rules neither
+/// capture nor loop its packets), created in the calling thread's netns.
+fn marked(ip: IpAddr, ty: SockType) -> io::Result<OwnedFd> {
     let flags = SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK;
-    let fd = socket(family(ip), SockType::Stream, flags, None)?;
+    let fd = socket(family(ip), ty, flags, None)?;
     setsockopt(&fd, sockopt::Mark, &PROXY_MARK)?;
     Ok(fd)
+}
+
+/// A non-blocking TCP socket of `ip`'s family with the proxy mark, created in the calling thread's netns.
+fn marked_socket(ip: IpAddr) -> io::Result<OwnedFd> {
+    marked(ip, SockType::Stream)
+}
+
+/// A non-blocking UDP socket of `ip`'s family with the proxy mark, unbound, created in the calling thread's
+/// netns: call it on a pod's socket thread ([`PodNetns::run`]). The DNS forwarder's upstream sockets.
+pub fn marked_udp_socket(ip: IpAddr) -> io::Result<OwnedFd> {
+    marked(ip, SockType::Datagram)
+}
+
+/// Makes `fd` a `SO_REUSEPORT` socket bound to `addr` (IPv6 ones v6-only), so a proxy taking over from a draining
+/// one binds the same address.
+fn bind_reusable(fd: &OwnedFd, addr: SocketAddr) -> io::Result<()> {
+    setsockopt(fd, sockopt::ReuseAddr, &true)?;
+    setsockopt(fd, sockopt::ReusePort, &true)?;
+    if addr.is_ipv6() {
+        setsockopt(fd, sockopt::Ipv6V6Only, &true)?;
+    }
+    bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+    Ok(())
 }
 
 /// Asks the calling thread's netns to hand connections still queued on a closing `SO_REUSEPORT` listener to
@@ -103,17 +127,25 @@ pub async fn listen_in(ns: &PodNetns, addr: SocketAddr) -> io::Result<TcpListene
         .run(move || -> io::Result<OwnedFd> {
             allow_accept_queue_migration();
             let fd = marked_socket(addr.ip())?;
-            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-            setsockopt(&fd, sockopt::ReusePort, &true)?;
-            if addr.is_ipv6() {
-                setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
-            }
-            bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+            bind_reusable(&fd, addr)?;
             listen(&fd, Backlog::new(1024)?)?;
             Ok(fd)
         })
         .await?;
     TcpListener::from_std(std::net::TcpListener::from(fd))
+}
+
+/// Binds a marked `SO_REUSEPORT` UDP socket on `addr` inside `ns` (IPv6 ones v6-only) and hands it to tokio: the
+/// DNS forwarder's listener. Must be called within a tokio runtime.
+pub async fn bind_udp_in(ns: &PodNetns, addr: SocketAddr) -> io::Result<UdpSocket> {
+    let fd = ns
+        .run(move || -> io::Result<OwnedFd> {
+            let fd = marked_udp_socket(addr.ip())?;
+            bind_reusable(&fd, addr)?;
+            Ok(fd)
+        })
+        .await?;
+    UdpSocket::from_std(std::net::UdpSocket::from(fd))
 }
 
 /// Connects to `dst` from inside `ns` with the proxy mark. With `source`, the socket is transparent and
