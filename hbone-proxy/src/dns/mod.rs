@@ -5,22 +5,28 @@
 //! of silence, so clients fail fast rather than retrying into their own timeouts.
 //!
 //! Everything a pod can make the forwarder hold is bounded per pod, so one pod flooding it cannot starve others:
-//! - At most [`MAX_IN_FLIGHT`](forwarder::MAX_IN_FLIGHT) queries of a pod are in flight (UDP and TCP together, from admission until the
+//! - At most [`MAX_IN_FLIGHT`] queries of a pod are in flight (UDP and TCP together, from admission until the
 //!   answer is handed back); more are dropped and counted. A slot comes back when its query is answered, or after
-//!   [`QUERY_TIMEOUT`](forwarder::QUERY_TIMEOUT) at the latest.
+//!   [`QUERY_TIMEOUT`] at the latest.
 //! - Upstream sockets are reused. Each pod has one connected UDP socket per upstream, made with the pod on its
 //!   socket thread ([`PodNetns`](crate::sockets::PodNetns)); every UDP query of the pod goes through it with its
 //!   id remapped to a random free one, and an answer is taken only from that upstream, with that id and echoing
 //!   the question. Over TCP, each client connection gets one upstream connection per upstream, carrying all of its
 //!   queries the same way.
-//! - Buffers are sized to messages: a query is at most [`MAX_UDP_PAYLOAD`](wire::MAX_UDP_PAYLOAD) bytes, and a UDP answer is relayed up
-//!   to the size its query allows (the EDNS0 UDP payload size, at most [`MAX_UDP_PAYLOAD`](wire::MAX_UDP_PAYLOAD); 512 without EDNS). A
+//! - Buffers are sized to messages: a query is at most [`MAX_UDP_PAYLOAD`] bytes, and a UDP answer is relayed up
+//!   to the size its query allows (the EDNS0 UDP payload size, at most [`MAX_UDP_PAYLOAD`]; 512 without EDNS). A
 //!   longer one is cut to its question with TC set, so the client retries over TCP.
-//! - At most [`MAX_TCP_CONNECTIONS`](forwarder::MAX_TCP_CONNECTIONS) client TCP connections per pod (more are reset at once), each with at most
-//!   [`MAX_TCP_PIPELINE`](forwarder::MAX_TCP_PIPELINE) queries in flight: the connection is not read further until one of them is answered.
+//! - At most [`MAX_TCP_CONNECTIONS`] client TCP connections per pod (more are reset at once), each with at most
+//!   [`MAX_TCP_PIPELINE`] queries in flight: the connection is not read further until one of them is answered.
 //!
 //! Messages are opaque bytes except for the header (id, QR, TC, RCODE, counts), the question section (compared
-//! and echoed) and the OPT record's UDP payload size (read, and lowered to [`MAX_UDP_PAYLOAD`](wire::MAX_UDP_PAYLOAD) when larger).
+//! and echoed) and the OPT record's UDP payload size (read, and lowered to [`MAX_UDP_PAYLOAD`] when larger).
+//!
+//! [`MAX_IN_FLIGHT`]: forwarder::MAX_IN_FLIGHT
+//! [`QUERY_TIMEOUT`]: forwarder::QUERY_TIMEOUT
+//! [`MAX_TCP_CONNECTIONS`]: forwarder::MAX_TCP_CONNECTIONS
+//! [`MAX_TCP_PIPELINE`]: forwarder::MAX_TCP_PIPELINE
+//! [`MAX_UDP_PAYLOAD`]: wire::MAX_UDP_PAYLOAD
 //!
 //! One job per module, each stating what it guarantees:
 //! - [`forwarder`]: one pod's forwarder, its bounds, and serving its UDP socket and TCP connections;
