@@ -52,7 +52,7 @@ pub struct Config {
     pub kube_workloads: bool,
     /// Upstream resolvers of the in-pod DNS forwarder (comma-separated `ip[:port]`); by default the
     /// nameservers of the host's /etc/resolv.conf, read at startup.
-    #[arg(long, env = "DNS_UPSTREAMS", value_delimiter = ',', value_parser = crate::dns::parse_upstream)]
+    #[arg(long, env = "DNS_UPSTREAMS", value_delimiter = ',', value_parser = crate::dns::upstreams::parse_upstream)]
     pub dns_upstreams: Vec<SocketAddr>,
     /// Lifetime of the workload certificates the proxy mints (a Go duration); each is replaced at half life.
     #[arg(long, env = "SECRET_TTL", default_value = "24h", value_parser = parse_duration)]

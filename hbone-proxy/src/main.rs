@@ -63,7 +63,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         let _ = listed_tx.send(());
     }
     let metrics = ctx.probes.with_registry(metrics::Metrics::register);
-    let dns = dns::Upstreams::new(&config.dns_upstreams, Path::new(RESOLV_CONF)).context("DNS upstreams")?;
+    let dns = dns::upstreams::Upstreams::new(&config.dns_upstreams, Path::new(RESOLV_CONF)).context("DNS upstreams")?;
     tracing::info!(upstreams = ?dns.addrs(), "DNS forwarder upstreams");
     let deadline = config.common.termination_deadline;
     let mesh = Arc::new(Mesh {

@@ -23,7 +23,7 @@ use hbone::{Baggage, ConnectionCaps, ConnectionLimiter, MeshCa, MeshTls, Pool, W
 
 use crate::config::{Config, MtlsMode};
 use crate::directory::Directory;
-use crate::dns::Upstreams;
+use crate::dns::upstreams::Upstreams;
 use crate::metrics::{Direction, Metrics, RefusalReason};
 use crate::ratelimit::{RateLimitedLog, REFUSAL_LOG_INTERVAL};
 use crate::sockets::PodNetns;

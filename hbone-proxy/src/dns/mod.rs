@@ -40,8 +40,9 @@
 mod forwarder;
 mod ids;
 mod transport;
-mod upstreams;
+// Named by its path (`dns::upstreams::Upstreams`), not re-exported: the flags and the mesh need only the upstreams,
+// and through this module they would depend on the forwarder and all it uses.
+pub mod upstreams;
 
 pub use forwarder::{listen_addrs, serve_tcp, serve_udp, Forwarder};
 pub use hbone_proxy::dns::wire;
-pub use upstreams::{parse_upstream, Upstreams};
