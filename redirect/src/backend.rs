@@ -9,6 +9,7 @@ use netns::Netns;
 use crate::ambient::{self, AmbientPlan};
 use crate::inspect::{self, RuleReport};
 use crate::iptables::{self, IptablesBackend, IptablesError};
+use crate::nft::uapi::netfilter::{NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6};
 use crate::nft::{self, NftError};
 use crate::sidecar::Plan;
 
@@ -132,9 +133,6 @@ pub struct HostBackends {
     pub nftables: Vec<String>,
 }
 
-/// nf_tables family numbers (NFPROTO_*).
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
 /// The table names iptables-nft creates.
 const XTABLES_NAMES: [&str; 5] = ["filter", "nat", "mangle", "raw", "security"];
 
@@ -150,7 +148,7 @@ impl HostBackends {
             let family = match t.family {
                 NFPROTO_IPV4 => "ip",
                 NFPROTO_IPV6 => "ip6",
-                1 => "inet",
+                NFPROTO_INET => "inet",
                 _ => "other",
             };
             let name = format!("{family} {}", t.name);

@@ -4,39 +4,20 @@
 use std::io;
 use std::net::IpAddr;
 
+use netns::netlink::uapi::{NLA_F_NET_BYTEORDER, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+
 use crate::model::Family;
 use crate::nft::attr::{attrs, c_string, ip_addr, Writer};
-use crate::nft::netlink_dump::{exchange, End, Steps, NLM_F_DUMP, NLM_F_REQUEST};
+use crate::nft::netlink_dump::{exchange, End, Steps};
+use crate::nft::uapi::ipset::*;
+use crate::nft::uapi::netfilter::{NFPROTO_IPV4, NFPROTO_IPV6};
+use crate::nft::uapi::nfnetlink::NFNL_SUBSYS_IPSET;
 use crate::nft::NftError;
 
-const NFNL_SUBSYS_IPSET: u16 = 6;
-const IPSET_CMD_CREATE: u16 = 2;
-const IPSET_CMD_DESTROY: u16 = 3;
-const IPSET_CMD_LIST: u16 = 7;
-const IPSET_CMD_ADD: u16 = 9;
-const IPSET_CMD_DEL: u16 = 10;
-const IPSET_PROTOCOL: u8 = 7;
-const IPSET_ATTR_PROTOCOL: u16 = 1;
-const IPSET_ATTR_SETNAME: u16 = 2;
-const IPSET_ATTR_TYPENAME: u16 = 3;
-const IPSET_ATTR_REVISION: u16 = 4;
-const IPSET_ATTR_FAMILY: u16 = 5;
-const IPSET_ATTR_DATA: u16 = 7;
-const IPSET_ATTR_ADT: u16 = 8;
-const IPSET_ATTR_IP: u16 = 1;
-const IPSET_ATTR_CADT_FLAGS: u16 = 8;
-const IPSET_ATTR_COMMENT: u16 = 26;
-const IPSET_ATTR_IPADDR_IPV4: u16 = 1;
-const IPSET_ATTR_IPADDR_IPV6: u16 = 2;
-const IPSET_FLAG_WITH_COMMENT: u32 = 1 << 4;
 /// hash:ip revision 2, the first with comments (all the probe set uses), as Istio's agent creates the set (the
 /// ambient differential, e2e/tests/istio_ambient_differential.rs, compares `ipset list`): a node's set looks the
 /// same whichever agent made it.
 const HASH_IP_REVISION: u8 = 2;
-const NLA_F_NET_BYTEORDER: u16 = 0x4000;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
-const NLM_F_ACK: u16 = 0x4;
 
 /// A failed ipset request: what was asked, and the kernel's answer or why none came.
 #[derive(Debug, thiserror::Error)]

@@ -3,10 +3,7 @@
 
 use std::net::IpAddr;
 
-/// Flag on attributes that contain attributes.
-const NLA_F_NESTED: u16 = 0x8000;
-/// The attribute type without the nested / byte-order flags.
-const NLA_TYPE_MASK: u16 = 0x3fff;
+use netns::netlink::uapi::{NLA_F_NESTED, NLA_TYPE_MASK};
 
 /// A buffer of netlink messages being built.
 #[derive(Default)]

@@ -12,6 +12,9 @@ use crate::sidecar::Plan;
 
 use super::merge::{merge, Tagged};
 use super::stmt::{AddrField, PortField, Stmt};
+use super::uapi::netfilter::{
+    NF_INET_FORWARD, NF_INET_LOCAL_IN, NF_INET_LOCAL_OUT, NF_INET_POST_ROUTING, NF_INET_PRE_ROUTING,
+};
 use super::NftError;
 
 /// Table name prefix of the sidecar rules (`istio-proxy-nat`, ...).
@@ -72,11 +75,11 @@ impl Hook {
     /// Kernel hook number.
     pub fn number(self) -> u32 {
         match self {
-            Hook::Prerouting => 0,
-            Hook::Input => 1,
-            Hook::Forward => 2,
-            Hook::Output => 3,
-            Hook::Postrouting => 4,
+            Hook::Prerouting => NF_INET_PRE_ROUTING,
+            Hook::Input => NF_INET_LOCAL_IN,
+            Hook::Forward => NF_INET_FORWARD,
+            Hook::Output => NF_INET_LOCAL_OUT,
+            Hook::Postrouting => NF_INET_POST_ROUTING,
         }
     }
 

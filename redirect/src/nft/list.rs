@@ -3,14 +3,14 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::attr::{attrs, c_string, Writer};
-use super::netlink_dump::{exchange_on, End, Steps, NLM_F_DUMP, NLM_F_REQUEST};
-use super::socket::open;
-use super::NftError;
+use netns::netlink::uapi::{NLM_F_DUMP, NLM_F_REQUEST};
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_GETTABLE: u16 = 1;
-const NFTA_TABLE_NAME: u16 = 1;
+use super::attr::{attrs, c_string, Writer};
+use super::netlink_dump::{exchange_on, End, Steps};
+use super::socket::open;
+use super::uapi::nf_tables::{NFTA_TABLE_NAME, NFT_MSG_GETTABLE};
+use super::uapi::nfnetlink::NFNL_SUBSYS_NFTABLES;
+use super::NftError;
 
 /// A table the kernel holds: netfilter family number (1 inet, 2 ip, 10 ip6, ...) and name.
 #[derive(Debug, Clone, PartialEq, Eq)]

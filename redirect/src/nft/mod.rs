@@ -2,7 +2,8 @@
 //! atomic transaction per pod netns, with no `nft` or `iptables` binary involved.
 //!
 //! [`layout`] translates the typed rules into tables, chains and rule statements; the private modules encode
-//! them as nf_tables netlink messages (`attr`, `expr`, `msg`) and commit them (`socket`).
+//! them as nf_tables netlink messages (`attr`, `expr`, `msg`) and commit them (`socket`); the kernel's numbers
+//! they use are spelled once, in `uapi`.
 
 pub(crate) mod attr;
 mod error;
@@ -17,6 +18,7 @@ pub mod set;
 pub(crate) mod socket;
 pub mod stmt;
 pub mod tag;
+pub(crate) mod uapi;
 
 use std::os::fd::AsFd;
 
@@ -27,13 +29,12 @@ use layout::{owned_tables, NftLayout, SIDECAR_PREFIX};
 pub use list::TableId;
 
 use crate::sidecar::Plan;
+use uapi::netfilter::NFPROTO_INET;
 
 /// First sequence number of a batch on a fresh socket.
 const FIRST_SEQ: u32 = 1;
 /// First sequence number of the fallback batch sent after a failed fast path on the same socket.
 const FALLBACK_SEQ: u32 = 1 << 16;
-/// Netfilter family of all our tables.
-const NFPROTO_INET: u8 = 1;
 
 /// Programs `plan` inside `netns`: one transaction deletes any `istio-proxy-*` tables (stale, partial or
 /// current) and creates the plan's tables, so re-applying is idempotent and there is never a moment without

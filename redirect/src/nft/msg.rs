@@ -1,41 +1,23 @@
 //! Builds the nfnetlink batch (one transaction) that replaces our tables with a layout, or removes them.
 
+use netns::netlink::uapi::{NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
+
 use super::attr::Writer;
 use super::expr::{encode, feature};
 use super::layout::{ChainType, NftChain, NftLayout, NftTable};
 use super::stmt::Stmt;
 use super::tag::{put_tag, RuleText};
+use super::uapi::netfilter::{NFPROTO_INET, NF_ACCEPT};
+use super::uapi::nf_tables::{
+    NFTA_CHAIN_HOOK, NFTA_CHAIN_NAME, NFTA_CHAIN_POLICY, NFTA_CHAIN_TABLE, NFTA_CHAIN_TYPE, NFTA_HOOK_HOOKNUM,
+    NFTA_HOOK_PRIORITY, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS, NFTA_RULE_TABLE, NFTA_TABLE_FLAGS, NFTA_TABLE_NAME,
+    NFT_MSG_DELRULE, NFT_MSG_DELTABLE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE,
+};
+use super::uapi::nfnetlink::{NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES};
 use super::NftError;
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-const NFNL_MSG_BATCH_END: u16 = 0x11;
-const NFT_MSG_NEWTABLE: u16 = 0;
-const NFT_MSG_DELTABLE: u16 = 2;
-const NFT_MSG_NEWCHAIN: u16 = 3;
-const NFT_MSG_NEWRULE: u16 = 6;
-const NFT_MSG_DELRULE: u16 = 8;
-const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_TABLE_FLAGS: u16 = 2;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_POLICY: u16 = 5;
-const NFTA_CHAIN_TYPE: u16 = 7;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
-const NFTA_HOOK_PRIORITY: u16 = 2;
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
-const NF_ACCEPT: u32 = 1;
-const NFPROTO_INET: u8 = 1;
+/// AF_UNSPEC (linux/socket.h): the family of the batch begin and end messages.
 const AF_UNSPEC: u8 = 0;
-
-pub(super) const NLM_F_REQUEST: u16 = 0x1;
-pub(super) const NLM_F_ACK: u16 = 0x4;
-const NLM_F_APPEND: u16 = 0x800;
-pub(super) const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_EXCL: u16 = 0x200;
 
 /// What a message of the batch creates or deletes, so a kernel error can name it.
 #[derive(Debug, Clone)]

@@ -7,19 +7,18 @@
 
 use std::io;
 
-use super::attr::{attrs, c_string, Writer};
-use super::netlink_dump::{exchange, End, Steps, NLM_F_DUMP, NLM_F_REQUEST};
-use super::tag::{tag_of, NFTA_RULE_USERDATA};
-use super::NftError;
+use netns::netlink::uapi::{NLM_F_DUMP, NLM_F_REQUEST};
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_GETRULE: u16 = 7;
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_EXPR_NAME: u16 = 1;
-const NFPROTO_INET: u8 = 1;
+use super::attr::{attrs, c_string, Writer};
+use super::netlink_dump::{exchange, End, Steps};
+use super::tag::tag_of;
+use super::uapi::netfilter::NFPROTO_INET;
+use super::uapi::nf_tables::{
+    NFTA_EXPR_NAME, NFTA_LIST_ELEM, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS, NFTA_RULE_TABLE, NFTA_RULE_USERDATA,
+    NFT_MSG_GETRULE,
+};
+use super::uapi::nfnetlink::NFNL_SUBSYS_NFTABLES;
+use super::NftError;
 
 /// A rule of an `inet` table as the kernel holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,33 +4,24 @@
 use std::io;
 use std::net::IpAddr;
 
+use netns::netlink::uapi::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST};
+
 use super::attr::{attrs, c_string, ip_addr, Writer};
 use super::layout::NftChain;
-use super::msg::{transaction, Object, NLM_F_CREATE};
-use super::netlink_dump::{exchange, End, Steps, NLM_F_DUMP, NLM_F_REQUEST};
+use super::msg::{transaction, Object};
+use super::netlink_dump::{exchange, End, Steps};
 use super::socket::commit;
 use super::stmt::Stmt;
+use super::uapi::netfilter::NFPROTO_INET;
+use super::uapi::nf_tables::{
+    NFTA_DATA_VALUE, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_USERDATA, NFTA_SET_ID, NFTA_SET_KEY_LEN, NFTA_SET_KEY_TYPE, NFTA_SET_NAME,
+    NFTA_SET_TABLE, NFTA_SET_USERDATA, NFT_MSG_DELSETELEM, NFT_MSG_GETSETELEM, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM,
+};
+use super::uapi::nfnetlink::NFNL_SUBSYS_NFTABLES;
 use super::NftError;
 use crate::model::Family;
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_NEWSET: u16 = 9;
-const NFT_MSG_NEWSETELEM: u16 = 12;
-const NFT_MSG_GETSETELEM: u16 = 13;
-const NFT_MSG_DELSETELEM: u16 = 14;
-const NFTA_SET_TABLE: u16 = 1;
-const NFTA_SET_NAME: u16 = 2;
-const NFTA_SET_KEY_TYPE: u16 = 4;
-const NFTA_SET_KEY_LEN: u16 = 5;
-const NFTA_SET_ID: u16 = 10;
-const NFTA_SET_USERDATA: u16 = 13;
-const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_USERDATA: u16 = 6;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_DATA_VALUE: u16 = 1;
 /// nft's datatype numbers (TYPE_IPADDR, TYPE_IP6ADDR): what `nft list` prints the keys as.
 const TYPE_IPADDR: u32 = 7;
 const TYPE_IP6ADDR: u32 = 8;
@@ -38,7 +29,6 @@ const TYPE_IP6ADDR: u32 = 8;
 const UDATA_ELEM_COMMENT: u8 = 0;
 /// libnftnl's set user-data TLV type of a comment (NFTNL_UDATA_SET_COMMENT).
 const UDATA_SET_COMMENT: u8 = 7;
-const NFPROTO_INET: u8 = 1;
 const FIRST_SEQ: u32 = 1;
 
 /// A named address set of one family.

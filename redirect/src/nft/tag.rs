@@ -9,9 +9,8 @@
 
 use super::attr::Writer;
 use super::stmt::Stmt;
+use super::uapi::nf_tables::NFTA_RULE_USERDATA;
 
-/// NFTA_RULE_USERDATA: opaque bytes the kernel stores with the rule and dumps back unchanged.
-pub(super) const NFTA_RULE_USERDATA: u16 = 7;
 /// Our user-data TLV type. libnftnl uses 0 (comment) and 1 (ebtables policy) for rules; nft skips other types.
 const UDATA_RULE_TAG: u8 = 0xc7;
 const TAG_LEN: u8 = 8;
