@@ -6,17 +6,12 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
-use super::socket::open;
-use super::NftError;
+use netns::netlink::messages;
+use netns::netlink::uapi::NLMSG_DONE;
 
-/// Flag of every request to the kernel.
-pub(crate) const NLM_F_REQUEST: u16 = 0x1;
-/// Flag asking for every object (NLM_F_ROOT | NLM_F_MATCH).
-pub(crate) const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLMSG_HDRLEN: usize = 16;
-const NFGENMSG_LEN: usize = 4;
+use super::socket::open;
+use super::uapi::nfnetlink::NFGENMSG_LEN;
+use super::NftError;
 
 /// How the kernel ended the exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,24 +57,28 @@ pub(crate) fn exchange_on(
             let source = io::Error::new(io::ErrorKind::UnexpectedEof, "the socket returned no data");
             return Err(NftError::Socket { what: steps.receive, source });
         }
-        let mut data = &buf[..n];
-        while data.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
-            let ty = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
-            if len < NLMSG_HDRLEN || len > data.len() {
-                break;
-            }
-            match ty {
-                NLMSG_DONE => return Ok(End::Done),
-                NLMSG_ERROR => return Ok(End::Errno(-i32::from_ne_bytes(data[16..20].try_into().expect("4 bytes")))),
-                _ if len >= NLMSG_HDRLEN + NFGENMSG_LEN => {
-                    each(data[NLMSG_HDRLEN], &data[NLMSG_HDRLEN + NFGENMSG_LEN..len]);
-                }
-                _ => {}
-            }
-            data = &data[(len + 3) & !3..];
+        if let Some(end) = answers(&buf[..n], &mut each) {
+            return Ok(end);
         }
     }
+}
+
+/// Hands each data message of one datagram to `each(nfgen family, attributes)`; `Some` once the kernel ended the
+/// exchange. A message too short for its headers is skipped, and the walk stops at a malformed length
+/// ([`netns::netlink::messages`]); the next datagram, or the receive timeout, decides then.
+fn answers(datagram: &[u8], each: &mut impl FnMut(u8, &[u8])) -> Option<End> {
+    for message in messages(datagram) {
+        if message.ty == NLMSG_DONE {
+            return Some(End::Done);
+        }
+        if let Some(errno) = message.errno() {
+            return Some(End::Errno(errno));
+        }
+        if let Some((nfgenmsg, attrs)) = message.payload.split_at_checked(NFGENMSG_LEN) {
+            each(nfgenmsg[0], attrs);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -87,7 +86,47 @@ mod tests {
     use std::time::Duration;
 
     use super::super::attr::Writer;
+    use super::super::uapi::nf_tables::NFT_MSG_GETTABLE;
+    use super::super::uapi::nfnetlink::NFNL_SUBSYS_NFTABLES;
     use super::*;
+
+    const GETTABLE: u16 = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE;
+
+    /// A bare netlink header of type `ty` whose length field says `len`, followed by `rest`.
+    fn raw(len: u32, ty: u16, rest: &[u8]) -> Vec<u8> {
+        let mut m = len.to_ne_bytes().to_vec();
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.extend_from_slice(&[0; 10]);
+        m.extend_from_slice(rest);
+        m
+    }
+
+    #[test]
+    fn data_messages_reach_the_caller_until_the_kernel_ends_the_exchange() {
+        let mut w = Writer::default();
+        w.message(GETTABLE, 0, 1, 2, 0, |w| w.put(1, b"t\0"));
+        w.message(NLMSG_DONE, 0, 1, 0, 0, |_| {});
+        let mut seen = Vec::new();
+        let end = answers(w.bytes(), &mut |family, attrs: &[u8]| seen.push((family, attrs.len())));
+        assert_eq!(end, Some(End::Done));
+        assert_eq!(seen, vec![(2, 8)]);
+    }
+
+    #[test]
+    fn errors_end_the_exchange_with_their_errno() {
+        let datagram = raw(20, netns::netlink::uapi::NLMSG_ERROR, &(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(answers(&datagram, &mut |_, _: &[u8]| panic!("no data")), Some(End::Errno(libc::ENOENT)));
+    }
+
+    #[test]
+    fn short_and_malformed_messages_neither_panic_nor_reach_the_caller() {
+        // An error without room for its code, as the last bytes of the datagram (indexing past it used to panic).
+        let short_error = raw(16, netns::netlink::uapi::NLMSG_ERROR, &[]);
+        // Lengths beyond the datagram, below the header, and an unaligned last message without its padding.
+        for datagram in [short_error, raw(64, GETTABLE, &[0; 8]), raw(8, GETTABLE, &[0; 8]), raw(17, GETTABLE, &[1])] {
+            assert_eq!(answers(&datagram, &mut |_, _: &[u8]| panic!("no data")), None, "{datagram:?}");
+        }
+    }
 
     #[test]
     fn a_kernel_that_never_answers_ends_the_exchange_with_a_timeout_error() {
@@ -95,7 +134,7 @@ mod tests {
         netns::netlink::set_recv_timeout(fd.as_fd(), Duration::from_millis(100)).unwrap();
         // Without NLM_F_REQUEST (and NLM_F_ACK) the kernel takes the message and never answers it.
         let mut w = Writer::default();
-        w.message((10 << 8) | 1, 0, 1, 0, 0, |_| {});
+        w.message(GETTABLE, 0, 1, 0, 0, |_| {});
         let steps = Steps { send: "send table dump request", receive: "receive table dump" };
         let err = exchange_on(fd.as_fd(), w.bytes(), steps, |_, _| {}).unwrap_err();
         let NftError::Socket { what, source } = &err else { panic!("not a socket error: {err}") };

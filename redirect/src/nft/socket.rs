@@ -3,14 +3,11 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
+use netns::netlink::messages;
+
 use super::msg::Batch;
 use super::NftError;
 
-const NETLINK_NETFILTER: libc::c_int = 12;
-const NETLINK_CAP_ACK: libc::c_int = 10;
-const SOL_NETLINK: libc::c_int = 270;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_HDRLEN: usize = 16;
 const RCVBUF: libc::c_int = 1 << 20;
 /// Errnos by which the kernel says an expression, chain type or family is not available.
 const MISSING_FEATURE_ERRNOS: [i32; 3] = [libc::ENOENT, libc::EOPNOTSUPP, libc::EAFNOSUPPORT];
@@ -30,10 +27,10 @@ fn check(ret: libc::c_int, what: &'static str) -> Result<libc::c_int, NftError> 
 /// Opens a netfilter netlink socket in the calling thread's netns (closed on drop), with the receive timeout
 /// every netlink socket of ours has ([`netns::netlink::RECV_TIMEOUT`]).
 pub(crate) fn open() -> Result<OwnedFd, NftError> {
-    let fd = netns::netlink::socket(NETLINK_NETFILTER).map_err(sock_err("open NETLINK_NETFILTER socket"))?;
+    let fd = netns::netlink::socket(libc::NETLINK_NETFILTER).map_err(sock_err("open NETLINK_NETFILTER socket"))?;
     let one: libc::c_int = 1;
     for (level, name, value, what) in [
-        (SOL_NETLINK, NETLINK_CAP_ACK, one, "set NETLINK_CAP_ACK"),
+        (libc::SOL_NETLINK, libc::NETLINK_CAP_ACK, one, "set NETLINK_CAP_ACK"),
         (libc::SOL_SOCKET, libc::SO_RCVBUF, RCVBUF, "set SO_RCVBUF"),
     ] {
         // SAFETY: `value` outlives the call and the length matches its type.
@@ -96,24 +93,15 @@ pub(super) fn commit_on(fd: BorrowedFd<'_>, batch: &Batch) -> Result<(), NftErro
 }
 
 /// Records the errno (0 for an ack) of every NLMSG_ERROR in `data` against its sequence number.
-fn parse_answers(mut data: &[u8], first_seq: u32, answers: &mut [Option<i32>]) {
-    while data.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
-        let ty = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
-        let seq = u32::from_ne_bytes(data[8..12].try_into().expect("4 bytes"));
-        if len < NLMSG_HDRLEN || len > data.len() {
-            break;
-        }
-        if ty == NLMSG_ERROR && len >= NLMSG_HDRLEN + 4 {
-            let code = i32::from_ne_bytes(data[16..20].try_into().expect("4 bytes"));
-            if let Some(slot) = seq.checked_sub(first_seq).and_then(|i| answers.get_mut(i as usize)) {
-                // Keep the first error if the kernel reports a message twice.
-                if slot.is_none_or(|e| e == 0) {
-                    *slot = Some(-code);
-                }
+fn parse_answers(data: &[u8], first_seq: u32, answers: &mut [Option<i32>]) {
+    for message in messages(data) {
+        let Some(errno) = message.errno() else { continue };
+        if let Some(slot) = message.seq.checked_sub(first_seq).and_then(|i| answers.get_mut(i as usize)) {
+            // Keep the first error if the kernel reports a message twice.
+            if slot.is_none_or(|e| e == 0) {
+                *slot = Some(errno);
             }
         }
-        data = &data[(len + 3) & !3..];
     }
 }
 
@@ -155,7 +143,7 @@ mod tests {
         let mut data = Vec::new();
         for (seq, code) in [(5u32, 0i32), (6, -libc::ELOOP)] {
             data.extend_from_slice(&20u32.to_ne_bytes());
-            data.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+            data.extend_from_slice(&netns::netlink::uapi::NLMSG_ERROR.to_ne_bytes());
             data.extend_from_slice(&0u16.to_ne_bytes());
             data.extend_from_slice(&seq.to_ne_bytes());
             data.extend_from_slice(&0u32.to_ne_bytes());
@@ -164,5 +152,17 @@ mod tests {
         let mut answers = vec![None; 3];
         parse_answers(&data, 5, &mut answers);
         assert_eq!(answers, vec![Some(0), Some(libc::ELOOP), None]);
+
+        // An unaligned last message without its padding, or a length past the datagram, ends the walk.
+        let mut tail = data[..20].to_vec();
+        tail.push(0);
+        tail[0] = 21;
+        let mut answers = vec![None; 3];
+        parse_answers(&tail, 5, &mut answers);
+        assert_eq!(answers, vec![Some(0), None, None]);
+        data[20] = 200;
+        let mut answers = vec![None; 3];
+        parse_answers(&data, 5, &mut answers);
+        assert_eq!(answers, vec![Some(0), None, None]);
     }
 }
