@@ -52,7 +52,7 @@ pub(crate) fn program(
             }
         }
         let current = table_section(&all, table);
-        let existing = chains_in(&current);
+        let existing = chains_in(current);
         let wanted: Vec<&String> = planned.map(|t| t.chains.iter().collect()).unwrap_or_default();
 
         let mut block = Vec::new();
