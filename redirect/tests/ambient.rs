@@ -214,6 +214,28 @@ fn program_twice_and_remove(backend: Backend) {
     backend.remove_ambient(&t.ns).unwrap_or_else(|e| panic!("{backend}: remove again: {e}"));
 }
 
+/// A new pod's netns holds no table: the first apply skips reading the tables (nothing to read), the second must
+/// see what the first made and change nothing (a wrong "no table" answer would add every jump twice).
+fn program_twice_into_a_fresh_netns(backend: Backend) {
+    let t = TestNetns::new();
+    let plan = build(&InpodConfig { enable_ipv6: true, ..Default::default() });
+    backend.apply_ambient(&t.ns, &plan).unwrap_or_else(|e| panic!("{backend}: apply: {e}"));
+    let first = dump(&t, backend);
+    assert!(first.contains(&ports::OUTBOUND.to_string()), "{backend}:\n{first}");
+    backend.apply_ambient(&t.ns, &plan).unwrap_or_else(|e| panic!("{backend}: re-apply: {e}"));
+    assert_eq!(first, dump(&t, backend), "{backend}: re-apply into a netns we programmed changed the rules");
+}
+
+#[test]
+fn iptables_nft_programs_a_fresh_netns_twice_alike() {
+    program_twice_into_a_fresh_netns(BACKENDS[0]);
+}
+
+#[test]
+fn iptables_legacy_programs_a_fresh_netns_twice_alike() {
+    program_twice_into_a_fresh_netns(BACKENDS[1]);
+}
+
 #[test]
 fn iptables_nft_programs_twice_and_removes_exactly_ours() {
     program_twice_and_remove(BACKENDS[0]);

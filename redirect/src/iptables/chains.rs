@@ -8,6 +8,7 @@ use super::flavour::IptablesBackend;
 use super::render::{chain_name, render_rule};
 use super::restore::{restore, save, RestoreMode, XtablesLock};
 use crate::model::{is_builtin_chain, Family, RuleSet, Table};
+use crate::nft::uapi::netfilter::{NFPROTO_IPV4, NFPROTO_IPV6};
 
 /// Our chains per table: everything else in these tables belongs to someone else.
 pub(crate) type Owned<'a> = &'a [(Table, &'a [&'a str])];
@@ -36,8 +37,10 @@ pub(crate) fn program(
     tables.dedup();
 
     // One save of every table the family has (not one per table): each exec costs a process start, and a
-    // table missing from the dump has no chains, as `-t TABLE` would show.
-    let all = save(backend, family, None, Some(&lockfile))?;
+    // table missing from the dump has no chains, as `-t TABLE` would show. A family with no table at all (a new
+    // pod's netns) has nothing to save, which the kernel tells without an exec.
+    let all =
+        if holds_no_table(backend, family) { String::new() } else { save(backend, family, None, Some(&lockfile))? };
     let mut payload = String::new();
     for table in tables {
         let planned = rules.and_then(|rs| rs.table(table));
@@ -79,6 +82,32 @@ pub(crate) fn program(
         return Ok(());
     }
     restore(backend, family, &payload, RestoreMode::NoFlush, &lockfile)
+}
+
+/// Whether the calling thread's netns holds no table of `family` that `backend`'s save would list: for legacy, its
+/// `ip[6]_tables_names` (of this thread's netns: `/proc/thread-self`, as the thread may have entered a pod's netns);
+/// for nft, the netlink table dump has no `ip`/`ip6` table named as one of the tables we read. Any doubt (a read that fails)
+/// answers false, so the caller saves as before.
+fn holds_no_table(backend: IptablesBackend, family: Family) -> bool {
+    match backend {
+        IptablesBackend::Legacy => {
+            let file = match family {
+                Family::V4 => "/proc/thread-self/net/ip_tables_names",
+                Family::V6 => "/proc/thread-self/net/ip6_tables_names",
+            };
+            std::fs::read_to_string(file).is_ok_and(|names| names.trim().is_empty())
+        }
+        IptablesBackend::Nft => {
+            let proto = match family {
+                Family::V4 => NFPROTO_IPV4,
+                Family::V6 => NFPROTO_IPV6,
+            };
+            crate::nft::tables_here().is_ok_and(|tables| {
+                let ours = [Table::Filter, Table::Mangle, Table::Nat, Table::Raw];
+                !tables.iter().any(|t| t.family == proto && ours.iter().any(|x| x.name() == t.name))
+            })
+        }
+    }
 }
 
 /// The lines of `table` in an iptables-save dump of all tables (from its `*TABLE` line to its `COMMIT`), or

@@ -86,6 +86,11 @@ pub fn replace_tables(netns: &Netns, prefix: &str, layout: &NftLayout) -> Result
     netns.run(|| replace_here(prefix, layout))?
 }
 
+/// Lists every nftables table of the calling thread's netns (for a caller already running inside a pod's netns).
+pub(crate) fn tables_here() -> Result<Vec<TableId>, NftError> {
+    list::tables()
+}
+
 /// Lists every nftables table in `netns` (any family, also iptables-nft's `ip nat` etc.), read over netlink:
 /// lets callers check what is programmed and whether another backend holds rules too.
 pub fn tables(netns: &Netns) -> Result<Vec<TableId>, NftError> {
