@@ -24,7 +24,7 @@ pub struct EventType {
 /// Label of the enrollment latency histogram.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Phase {
-    /// `netns`, `rules`, `proxy_ack`, `probe`, `annotate`.
+    /// `netns`, `rules`, `proxy_ack`, `probe`, `annotate`: [`crate::timeline::Step::name`].
     pub phase: String,
 }
 
@@ -188,12 +188,8 @@ impl Metrics {
         self.pod_lookups.get_or_create(&Source { source }).inc();
     }
 
-    /// Observes one phase's duration, begun at `started` and ended now.
-    pub fn phase(&self, phase: &str, started: std::time::Instant) {
-        self.phase_took(phase, started.elapsed());
-    }
-
-    /// Observes one phase's duration, timed already (the watch's `/proc` scan).
+    /// Observes one enrollment step's duration; [`crate::timeline::Recorder`] is the only caller, so that the
+    /// histogram and the step's timeline phase time the same span.
     pub fn phase_took(&self, phase: &str, took: std::time::Duration) {
         self.enrollment_seconds.get_or_create(&Phase { phase: phase.into() }).observe(took.as_secs_f64());
     }

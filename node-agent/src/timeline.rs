@@ -4,6 +4,11 @@
 //!
 //! Bounded: a record exists only for a pod the agent tried to enroll and has not removed (the enroller forgets it
 //! when the pod leaves), and at most [`MAX_RECORDS`] are kept, the oldest dropped first.
+//!
+//! **One vocabulary, one clock.** An enrollment's steps are the [`Step`]s (netns, rules, proxy_ack, probe,
+//! annotate), and the [`Recorder`] is the only writer of both their timeline phases and their
+//! `nodeagent_enrollment_duration_seconds{phase}` observations: each step recorded is one phase of the pod's record
+//! and one observation of the histogram, of the same [`Timed`] span, under the same name.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -11,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::explain::report::{Phase, ProxyState, Timeline, Timestamped};
+use crate::metrics::Metrics;
 
 /// The most records kept: far above the pods a node runs (the kubelet's default is 110), so only a leak would
 /// reach it.
@@ -35,6 +41,103 @@ impl Source {
             Source::Watch => "watch",
             Source::Restore => "restore",
         }
+    }
+}
+
+/// The steps of an enrollment, in order: the phases of a pod's record and the `phase` label values of
+/// `nodeagent_enrollment_duration_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Opening the pod's netns; for a running pod found through `/proc` (the watch, a restart), the search too.
+    Netns,
+    /// Programming the in-pod rules.
+    Rules,
+    /// The node proxy's Add, until its ack.
+    ProxyAck,
+    /// The pod's host probe set entry.
+    Probe,
+    /// The pod's ambient annotation.
+    Annotate,
+}
+
+impl Step {
+    /// Every step, in enrollment order.
+    #[cfg(test)]
+    pub const ALL: [Step; 5] = [Step::Netns, Step::Rules, Step::ProxyAck, Step::Probe, Step::Annotate];
+
+    /// The step's name: its phase in the record and its `phase` label in the histogram.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Netns => "netns",
+            Step::Rules => "rules",
+            Step::ProxyAck => "proxy_ack",
+            Step::Probe => "probe",
+            Step::Annotate => "annotate",
+        }
+    }
+}
+
+/// Writes an enrollment's record and its steps' latency observations together: the one place either is written,
+/// so the histogram and `explain` never time a step differently. Cheap to clone; clones share the records.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    timelines: Timelines,
+    metrics: Metrics,
+}
+
+impl Recorder {
+    /// Records into fresh timelines and `metrics`' enrollment histogram.
+    pub fn new(metrics: Metrics) -> Self {
+        Self { timelines: Timelines::default(), metrics }
+    }
+
+    /// The records, for readers (`explain`, the watch's relist).
+    pub fn timelines(&self) -> &Timelines {
+        &self.timelines
+    }
+
+    /// A new enrollment of pod `uid` began at `started` (see [`Timelines::begin`]).
+    pub fn begin(&self, uid: &str, source: Source, ips: &[IpAddr], started: Clock) {
+        self.timelines.begin(uid, source, ips, started);
+    }
+
+    /// `step` of pod `uid`'s enrollment, begun at `started` and ended now, with `error` if it failed: one phase of
+    /// the record and one observation of the histogram, of the same span.
+    pub fn step(&self, uid: &str, step: Step, started: Clock, error: Option<String>) {
+        self.timed(uid, step, started.stop(), error);
+    }
+
+    /// [`Recorder::step`], for a step timed already (the `/proc` search came first).
+    pub fn timed(&self, uid: &str, step: Step, timed: Timed, error: Option<String>) {
+        self.timelines.timed_phase(uid, step, timed, error);
+        self.metrics.phase_took(step.name(), timed.took());
+    }
+
+    /// [`Recorder::step`] for a step whose `result` is handed on.
+    pub fn result<T, E: std::fmt::Display>(
+        &self,
+        uid: &str,
+        step: Step,
+        started: Clock,
+        result: Result<T, E>,
+    ) -> Result<T, E> {
+        self.step(uid, step, started, result.as_ref().err().map(ToString::to_string));
+        result
+    }
+
+    /// What the node proxy was told about pod `uid`, or answered.
+    pub fn proxy(&self, uid: &str, state: ProxyState) {
+        self.timelines.proxy(uid, state);
+    }
+
+    /// Pod `uid`'s enrollment ended with `outcome`.
+    pub fn finish(&self, uid: &str, outcome: Result<(), String>) {
+        self.timelines.finish(uid, outcome);
+    }
+
+    /// Pod `uid` left: its record goes.
+    pub fn forget(&self, uid: &str) {
+        self.timelines.forget(uid);
     }
 }
 
@@ -132,18 +235,14 @@ impl Timelines {
         records.insert(uid.to_string(), record);
     }
 
-    /// Step `name` of pod `uid`'s enrollment, begun at `started`, ended now with `error` (if it failed).
-    pub fn phase(&self, uid: &str, name: &'static str, started: Clock, error: Option<String>) {
-        self.timed_phase(uid, name, started.stop(), error);
-    }
-
-    /// Step `name` of pod `uid`'s enrollment, timed already, with `error` (if it failed).
-    pub fn timed_phase(&self, uid: &str, name: &'static str, step: Timed, error: Option<String>) {
+    /// `step` of pod `uid`'s enrollment, timed already, with `error` (if it failed); written by the [`Recorder`]
+    /// only.
+    fn timed_phase(&self, uid: &str, step: Step, timed: Timed, error: Option<String>) {
         if let Some(record) = self.lock().get_mut(uid) {
             record.phases.push(Phase {
-                phase: name.to_string(),
-                started_at: rfc3339(step.started.at),
-                duration_ms: millis(step.took),
+                phase: step.name().to_string(),
+                started_at: rfc3339(timed.started.at),
+                duration_ms: millis(timed.took),
                 error,
             });
         }
@@ -216,14 +315,65 @@ impl Timelines {
 mod tests {
     use super::*;
 
+    use prometheus_client::registry::Registry;
+
+    /// A recorder, with the registry its histogram is in.
+    fn recorder() -> (Recorder, Registry) {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        (Recorder::new(metrics), registry)
+    }
+
+    /// The histogram's count and sum (seconds) for `phase`.
+    fn observed(registry: &Registry, phase: &str) -> (u64, f64) {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        let value = |what: &str| {
+            let prefix = format!("nodeagent_enrollment_duration_seconds_{what}{{phase=\"{phase}\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.trim().parse::<f64>().unwrap())
+        };
+        (value("count").unwrap_or(0.0) as u64, value("sum").unwrap_or(0.0))
+    }
+
+    #[test]
+    fn the_steps_are_the_histograms_phases_in_enrollment_order() {
+        let names: Vec<&str> = Step::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["netns", "rules", "proxy_ack", "probe", "annotate"]);
+    }
+
+    #[test]
+    fn a_step_is_one_phase_and_one_observation_of_the_same_span() {
+        let (r, registry) = recorder();
+        r.begin("u1", Source::Watch, &[], Clock::start());
+        let search = Timed { started: Clock::start(), took: Duration::from_millis(20) };
+        r.timed(
+            "u1",
+            Step::Netns,
+            search.then(Timed { started: Clock::start(), took: Duration::from_millis(5) }),
+            None,
+        );
+        r.step("u1", Step::Rules, Clock::start(), Some("refused".into()));
+        let got = r.timelines().get("u1").unwrap();
+        let phases: Vec<&str> = got.phases.iter().map(|p| p.phase.as_str()).collect();
+        assert_eq!(phases, ["netns", "rules"]);
+        for (step, phase) in [(Step::Netns, &got.phases[0]), (Step::Rules, &got.phases[1])] {
+            let (count, sum) = observed(&registry, step.name());
+            assert_eq!(count, 1, "{step:?}: one observation per recorded step, failed or not");
+            assert!((sum * 1e3 - phase.duration_ms).abs() < 1e-3, "{step:?}: {sum} s vs {} ms", phase.duration_ms);
+        }
+        assert!(got.phases[0].duration_ms >= 25.0, "the search is in the netns step: {:?}", got.phases[0]);
+        assert_eq!(observed(&registry, "proxy_ack").0, 0, "a step not recorded is not observed");
+    }
+
     #[test]
     fn a_failed_enrollment_keeps_its_steps_and_error_until_the_next_one_and_removal_forgets_it() {
-        let t = Timelines::default();
+        let (r, _registry) = recorder();
+        let t = r.timelines().clone();
         t.begin("u1", Source::Plugin, &[], Clock::start());
-        t.phase("u1", "rules", Clock::start(), None);
+        r.step("u1", Step::Rules, Clock::start(), None);
         t.proxy("u1", ProxyState::Sent);
         t.proxy("u1", ProxyState::Error { message: "no proxy connected".into() });
-        t.phase("u1", "proxy_ack", Clock::start(), Some("no proxy connected".into()));
+        r.step("u1", Step::ProxyAck, Clock::start(), Some("no proxy connected".into()));
         t.finish("u1", Err("node proxy: no proxy connected".into()));
         let got = t.get("u1").unwrap();
         assert_eq!((got.source.as_str(), got.failed), ("plugin", true));
@@ -237,17 +387,18 @@ mod tests {
         assert!(again.last_error.is_some(), "the last error outlives the retry that has not ended");
         t.forget("u1");
         assert!(t.get("u1").is_none());
-        t.phase("u1", "rules", Clock::start(), None);
+        r.step("u1", Step::Rules, Clock::start(), None);
         assert!(t.get("u1").is_none(), "only an enrollment's beginning creates a record");
     }
 
     #[test]
     fn a_step_timed_before_the_record_is_kept_whole_and_starts_the_record() {
-        let t = Timelines::default();
+        let (r, _registry) = recorder();
+        let t = r.timelines();
         let search = Timed { started: Clock::start(), took: Duration::from_millis(20) };
         let open = Clock::start().stop();
         t.begin("u1", Source::Watch, &[], search.started());
-        t.timed_phase("u1", "netns", search.then(open), None);
+        r.timed("u1", Step::Netns, search.then(open), None);
         let got = t.get("u1").unwrap();
         assert_eq!(got.started_at, got.phases[0].started_at, "the record starts with the search");
         assert!(got.phases[0].duration_ms >= 20.0, "the search's time is in the step: {:?}", got.phases[0]);

@@ -377,27 +377,22 @@ impl State {
         }
     }
 
-    /// One pod's search, counted in the `netns` phase whatever it found.
+    /// One pod's search; the pod's enrollment (or its failed search) records it as its `netns` step.
     async fn find_netns(&self, pod: &Pod, ips: &[IpAddr]) -> Searched {
         let id = PodUid::of(pod);
         let mut scan = self.scan(vec![(id.to_string(), ips.to_vec())]).await;
-        self.metrics.phase_took("netns", scan.step.took());
         scan.take(&id)
     }
 
     /// The netns of every pod in `pods`, found in one `/proc` scan (a scan per pod would read every process once
-    /// per pod: quadratic on a busy node); no scan for no pods. Each pod found counts the scan's time in the
-    /// `netns` phase, as its own scan would.
+    /// per pod: quadratic on a busy node); no scan for no pods. Each pod's record (and the `netns` phase of the
+    /// histogram) gets the scan's time in its `netns` step, as its own scan would.
     async fn find_all_netns(&self, pods: &[Arc<Pod>]) -> Scan {
         if pods.is_empty() {
             let step = Clock::start().stop();
             return Scan { found: HashMap::new(), step, missing: not_found(&self.config.host_proc) };
         }
-        let scan = self.scan(pods.iter().map(|p| (PodUid::of(p).into(), pod_ips(p))).collect()).await;
-        for _ in 0..scan.found.len() {
-            self.metrics.phase_took("netns", scan.step.took());
-        }
-        scan
+        self.scan(pods.iter().map(|p| (PodUid::of(p).into(), pod_ips(p))).collect()).await
     }
 
     /// Scans `/proc` once for the pods `asked` (UID and IPs) on a blocking thread; a failed scan is logged, and
