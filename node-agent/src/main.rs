@@ -6,6 +6,7 @@
 
 mod admin;
 mod admin_api;
+mod ambient_state;
 mod cache;
 mod config;
 mod drift;
@@ -35,6 +36,7 @@ use redirect::backend::Backend;
 use redirect::hostprobe::{find_kubelet_uid, HostProbe, HostProbeConfig};
 use zds::server::{ServerConfig, ZdsServer};
 
+use crate::ambient_state::AmbientState;
 use crate::cache::PodCache;
 use crate::config::Config;
 use crate::enroll::Enroller;
@@ -167,10 +169,11 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         .with_context(|| format!("ZDS socket {}", config.ztunnel_uds_address.display()))?;
     let cache = PodCache::default();
     let selftest_cache = cache.clone();
-    let enroller =
-        Enroller::new(config.clone(), backend, client.clone(), zds.handle(), cache.clone(), hostprobe, metrics.clone());
+    // What the agent holds of its ambient pods: enrollment writes it, drift and explain read it.
+    let ambient = Arc::new(AmbientState::new(&config, backend, cache.clone(), hostprobe, metrics.clone()));
+    let enroller = Enroller::new(config.clone(), client.clone(), zds.handle(), ambient.clone(), metrics.clone());
     // Re-checks the enrolled pods' rules and the host probe rule, and repairs drift (see `drift`); started below.
-    let drift = drift::Drift::new(&config, backend, Some(enroller.clone()), drift_pods, metrics.clone());
+    let drift = drift::Drift::new(&config, backend, Some(ambient.clone()), drift_pods, metrics.clone());
 
     // Caches first, then the pods enrolled before a restart, and only then the proxy and the plugin.
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
@@ -181,7 +184,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         selectors.clone(),
         explained_pods,
         Some(namespaces.clone()),
-        Some(enroller.clone()),
+        Some(ambient),
         Some(backend),
     )
     .with_drift(drift.clone());

@@ -246,11 +246,11 @@ impl State {
     /// enrolled while the list (possibly served from a cache) was being taken is not mistaken for a deleted one.
     fn relist_done(&mut self) {
         let Some(seen) = self.relist.take() else { return };
-        let enrolled = self.enroller.cache().enrolled();
+        let enrolled = self.enroller.state().cache().enrolled();
         // A pod never enrolled (its enrollment failed) leaves only its record; it goes with the pod.
         let kept: HashSet<&str> =
             seen.iter().map(PodUid::as_str).chain(enrolled.iter().map(|(id, _)| id.as_str())).collect();
-        self.enroller.timelines().retain_ended(|id| kept.contains(id));
+        self.enroller.state().timelines().retain_ended(|id| kept.contains(id));
         for (id, info) in enrolled {
             if seen.contains(&id) {
                 continue;
@@ -300,7 +300,7 @@ impl State {
     fn needs_netns(&self, pod: &Pod) -> bool {
         self.wanted(pod)
             && !terminating(pod)
-            && self.enroller.cache().get(PodUid::of(pod).as_str()).is_none()
+            && self.enroller.state().cache().get(PodUid::of(pod).as_str()).is_none()
             && !pod_ips(pod).is_empty()
     }
 
@@ -330,7 +330,7 @@ impl State {
     /// [`State::reconcile`], with what a scan for several pods found of the pod's netns when it already looked.
     async fn reconcile_with(&mut self, pod: &Pod, scanned: Option<Searched>) {
         let id = PodUid::of(pod);
-        let enrolled = self.enroller.cache().get(id.as_str()).is_some();
+        let enrolled = self.enroller.state().cache().get(id.as_str()).is_some();
         let result = match (self.wanted(pod), enrolled) {
             // Shutting down: an enrolled pod stays so until it is gone, and a pod not enrolled is left out.
             (true, false) if terminating(pod) => Ok(()),
@@ -437,6 +437,6 @@ impl State {
             }
         }
         self.reconcile_all(self.pods.state()).await;
-        tracing::info!(enrolled = self.enroller.cache().count(), "caches synced");
+        tracing::info!(enrolled = self.enroller.state().cache().count(), "caches synced");
     }
 }

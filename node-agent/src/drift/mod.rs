@@ -10,7 +10,7 @@
 //! - running sidecar pods' rules with the plugin's plan (netns found through `/proc`), re-programmed only with
 //!   `DRIFT_REPAIR_SIDECAR=true` (`kind="sidecar_rules"`).
 //!
-//! Sidecar-only installs (`AMBIENT_ENABLED=false`) have no enroller: there only the sidecar pods are checked.
+//! Sidecar-only installs (`AMBIENT_ENABLED=false`) have no ambient state: there only the sidecar pods are checked.
 //!
 //! Drift is counted in `nodeagent_drift_detected_total{kind}` when first seen (a drift that stays unrepaired
 //! counts once) and repairs in `nodeagent_drift_repaired_total{kind}`; each repair is logged once, as a warning
@@ -35,9 +35,9 @@ use redirect::inspect::RuleReport;
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use crate::ambient_state::AmbientState;
 use crate::cache::Enrolled;
 use crate::config::Config;
-use crate::enroll::Enroller;
 use crate::metrics::{DriftKind, Metrics};
 use crate::pod::{self, ips as pod_ips, PodUid};
 use crate::repair::in_place::{sidecar_plan, InPlace};
@@ -148,7 +148,7 @@ pub struct Drift {
 
 struct Inner {
     /// The ambient side (enrolled pods, host probe); `None` in sidecar-only installs.
-    enroller: Option<Arc<Enroller>>,
+    ambient: Option<Arc<AmbientState>>,
     /// The backend the sidecar pods' rules are read and re-programmed with.
     backend: Backend,
     pods: Store<Pod>,
@@ -165,20 +165,20 @@ struct Inner {
 }
 
 impl Drift {
-    /// The checker of this node's sidecar pods, read with `backend`, and, with `enroller` (ambient on), of its
+    /// The checker of this node's sidecar pods, read with `backend`, and, with `ambient` (ambient on), of its
     /// enrolled pods and the host probe rule; `pods` is the watch's store of this node's pods (the annotations the
     /// plans come from, and the sidecar pods to check).
     pub fn new(
         config: &Config,
         backend: Backend,
-        enroller: Option<Arc<Enroller>>,
+        ambient: Option<Arc<AmbientState>>,
         pods: Store<Pod>,
         metrics: Metrics,
     ) -> Self {
         let sidecar = InPlace::new(backend, config);
         Self {
             inner: Arc::new(Inner {
-                enroller,
+                ambient,
                 backend,
                 pods,
                 metrics,
@@ -229,8 +229,8 @@ impl Drift {
     /// One check of the host probe rule, every enrolled ambient pod and every sidecar pod.
     async fn round(&self) {
         let mut seen: Vec<String> = Vec::new();
-        if let Some(enroller) = &self.inner.enroller {
-            seen = self.check_ambient_side(enroller).await;
+        if let Some(ambient) = &self.inner.ambient {
+            seen = self.check_ambient_side(ambient).await;
         }
         seen.extend(self.check_sidecars().await);
         // Pods gone since: their memory goes (the map holds this node's pods only).
@@ -238,9 +238,9 @@ impl Drift {
     }
 
     /// The host probe rule and every enrolled ambient pod. Returns the UIDs checked.
-    async fn check_ambient_side(&self, enroller: &Arc<Enroller>) -> Vec<String> {
-        self.check_host_probe(enroller).await;
-        let probe = enroller.hostprobe();
+    async fn check_ambient_side(&self, ambient: &Arc<AmbientState>) -> Vec<String> {
+        self.check_host_probe(ambient).await;
+        let probe = ambient.hostprobe();
         let entries = match blocking(move || probe.entries().map_err(|e| DriftError::HostProbe(e.to_string()))).await {
             Ok(entries) => Some(entries),
             Err(e) => {
@@ -249,9 +249,9 @@ impl Drift {
             }
         };
         let mut seen = Vec::new();
-        for entry in enroller.cache().pods() {
+        for entry in ambient.cache().pods() {
             seen.push(entry.uid.to_string());
-            self.check_ambient(enroller, entry.uid.to_string(), entries.as_deref()).await;
+            self.check_ambient(ambient, entry.uid.to_string(), entries.as_deref()).await;
         }
         seen
     }
@@ -264,8 +264,8 @@ impl Drift {
     }
 
     /// The host netns's probe SNAT rule: re-ensured when it drifted.
-    async fn check_host_probe(&self, enroller: &Enroller) {
-        let probe = enroller.hostprobe();
+    async fn check_host_probe(&self, ambient: &AmbientState) {
+        let probe = ambient.hostprobe();
         let result = blocking(move || {
             let report = probe.inspect().map_err(|e| DriftError::HostProbe(e.to_string()))?;
             if report.drifted() {
@@ -301,7 +301,7 @@ impl Drift {
     }
 
     /// One enrolled ambient pod, under its pass.
-    async fn check_ambient(&self, enroller: &Arc<Enroller>, uid: String, entries: Option<&[ProbeEntry]>) {
+    async fn check_ambient(&self, ambient: &Arc<AmbientState>, uid: String, entries: Option<&[ProbeEntry]>) {
         let busy = {
             let mut state = self.state();
             let s = state.entry(uid.clone()).or_default();
@@ -312,12 +312,12 @@ impl Drift {
         };
         let release = BusyGuard(busy);
         // Waiting for the pass is bounded too: an enrollment holding it for long only delays this pod's check.
-        let Ok(Some((pass, entry))) = tokio::time::timeout(PER_POD_TIMEOUT, enroller.enrolled_pass(&uid)).await else {
+        let Ok(Some((pass, entry))) = tokio::time::timeout(PER_POD_TIMEOUT, ambient.enrolled_pass(&uid)).await else {
             return;
         };
         let Some(pod) = self.pod_of(&entry) else { return };
         let may_repair = self.state().get(&uid).is_none_or(PodState::may_repair);
-        let plan = match ambient_plan(enroller, &pod) {
+        let plan = match ambient_plan(ambient, &pod) {
             Ok(plan) => plan,
             Err(e) => return self.record_error(&uid, "ambient", e.to_string()),
         };
@@ -326,7 +326,7 @@ impl Drift {
             Err(DriftError::NoNetns) => return, // Keep at the proxy: nothing to compare
             Err(e) => return self.record_error(&uid, "ambient", e.to_string()),
         };
-        let (backend, probe) = (enroller.backend(), enroller.hostprobe());
+        let (backend, probe) = (ambient.backend(), ambient.hostprobe());
         let missing_ips = entries.map(|entries| missing_probe_ips(&probe, entries, &entry));
         let task = tokio::task::spawn_blocking(move || {
             // The pass and the busy flag go with the work: they are released when it ends, even after a timeout.
@@ -384,7 +384,7 @@ impl Drift {
     /// Sidecar pods: running, not terminating, not enrolled, ones the plugin redirects; their netns found in one
     /// `/proc` scan. Returns the UIDs checked.
     async fn check_sidecars(&self) -> Vec<String> {
-        let cache = self.inner.enroller.as_ref().map(|e| e.cache());
+        let cache = self.inner.ambient.as_ref().map(|e| e.cache());
         let candidates: Vec<Arc<Pod>> = self
             .inner
             .pods

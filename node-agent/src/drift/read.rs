@@ -14,9 +14,9 @@ use redirect::inspect::RuleReport;
 use serde::Serialize;
 
 use super::PER_POD_TIMEOUT;
+use crate::ambient_state::AmbientState;
 use crate::cache::Enrolled;
 use crate::config::Config;
-use crate::enroll::Enroller;
 use crate::pod::{ips as pod_ips, PodUid};
 use crate::repair::in_place::sidecar_plan;
 
@@ -64,11 +64,11 @@ pub struct PodRules {
 /// Reads an enrolled ambient pod's rules in its netns (from the cache's fd) and whether it is in the host probe
 /// set; changes nothing and takes no pass (a read during an enrollment shows the enrollment's progress). `pod`
 /// gives the annotations the plan is built from.
-pub async fn inspect_pod(enroller: &Enroller, pod: &Pod) -> Result<PodRules, DriftError> {
-    let entry = enroller.cache().get(PodUid::of(pod).as_str()).ok_or(DriftError::NotEnrolled)?;
-    let plan = ambient_plan(enroller, pod)?;
+pub async fn inspect_pod(state: &AmbientState, pod: &Pod) -> Result<PodRules, DriftError> {
+    let entry = state.cache().get(PodUid::of(pod).as_str()).ok_or(DriftError::NotEnrolled)?;
+    let plan = ambient_plan(state, pod)?;
     let netns = entry_netns(&entry)?;
-    let (backend, probe) = (enroller.backend(), enroller.hostprobe());
+    let (backend, probe) = (state.backend(), state.hostprobe());
     blocking(move || {
         let rules = backend.inspect_ambient(&netns, &plan).map_err(|e| DriftError::Backend(e.to_string()))?;
         let entries = probe.entries().map_err(|e| DriftError::HostProbe(e.to_string()))?;
@@ -110,8 +110,8 @@ pub(super) async fn blocking<T: Send + 'static>(
     }
 }
 
-pub(super) fn ambient_plan(enroller: &Enroller, pod: &Pod) -> Result<ambient::AmbientPlan, DriftError> {
-    let config = enroller.inpod_config(pod).map_err(|e| DriftError::Settings(e.to_string()))?;
+pub(super) fn ambient_plan(state: &AmbientState, pod: &Pod) -> Result<ambient::AmbientPlan, DriftError> {
+    let config = state.inpod_config(pod).map_err(|e| DriftError::Settings(e.to_string()))?;
     Ok(ambient::build(&config))
 }
 

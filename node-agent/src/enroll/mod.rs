@@ -1,6 +1,11 @@
 //! Enrolling and removing one pod, in the order: netns, in-pod rules, proxy Add (acked), host probe
 //! entry, annotation. Every step is idempotent, so the work queue and the CNI path can both retry.
 //!
+//! The rules of one enrollment (step order, stages, what a failure undoes and in which order) are in
+//! [`procedure`], apart from the I/O, which [`Enroller`] performs ([`procedure::Effects`]). What it enrolls into
+//! (cache, gate, host probe set, records) is the agent's [`AmbientState`], which the drift check and explain read
+//! directly.
+//!
 //! **Deletion mid-enrollment.** Enrollment and removal of one pod UID never interleave (see [`crate::pod_gate`]):
 //! each holds the UID's pass for its whole run. A pod's deletion is recorded at once ([`Enroller::mark_deleted`],
 //! from the pod watch) and checked at every [`Stage`], the points between the steps: an enrollment that finds
@@ -19,23 +24,17 @@
 //! end-to-end tests (`testbed::node_agent::EnrollmentPause`) delete a pod at each stage this way; they run the
 //! `target/debug` binaries. Release builds (`--release`, the image) compile none of it and ignore both variables.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use istio_contract::names::{
-    AMBIENT_BYPASS_INBOUND_CAPTURE, AMBIENT_DNS_CAPTURE, AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED,
-    REROUTE_VIRTUAL_INTERFACES,
-};
+use istio_contract::names::{AMBIENT_REDIRECTION, AMBIENT_REDIRECTION_ENABLED};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use netns::Netns;
-use redirect::ambient::{self, InpodConfig};
-use redirect::backend::Backend;
-use redirect::hostprobe::HostProbe;
+use redirect::ambient;
 use serde_json::json;
 use tracing::Instrument as _;
 use zds::messages::WorkloadInfo;
@@ -48,58 +47,48 @@ pub use error::EnrollError;
 pub use procedure::Stage;
 use procedure::{workload_info, Effects, OnFailure, Procedure, Unannotated};
 
-use crate::cache::{Enrolled, PodCache};
+use crate::ambient_state::AmbientState;
+use crate::cache::Enrolled;
 use crate::config::Config;
 use crate::explain::report::ProxyState;
 use crate::metrics::Metrics;
 use crate::pod::{key, PodUid};
-use crate::pod_gate::{Pass, PodGate};
-use crate::timeline::{Clock, Recorder, Source, Step, Timed, Timelines};
+use crate::pod_gate::Pass;
+use crate::timeline::{Clock, Source, Step, Timed};
 
 /// The longest one API call of an enrollment may take before it counts as failed.
 pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Performs enrollments; shared by the plugin event server, the pod watcher and startup.
+/// Performs enrollments; shared by the plugin event server, the pod watcher and startup. What it enrolls into is
+/// the agent's [`AmbientState`], which the drift check and explain read without it.
 pub struct Enroller {
     config: Config,
-    backend: Backend,
     client: Client,
     zds: ZdsHandle,
-    cache: PodCache,
-    hostprobe: Arc<HostProbe>,
+    state: Arc<AmbientState>,
     metrics: Metrics,
-    gate: PodGate,
     /// Enrolled pods (the proxy acked them) whose annotation failed: the watch's retry annotates them
     /// ([`Enroller::annotate_pending`]); nothing else would, since they are enrolled.
     unannotated: Unannotated,
-    /// Each pod's latest enrollment, step by step, for `node-agent explain`, and the step latency histogram; a
-    /// pod's record goes with the pod.
-    recorder: Recorder,
     #[cfg(debug_assertions)]
     pause: Option<pause::Pause>,
 }
 
 impl Enroller {
-    /// Wires the pieces together.
+    /// Enrolls into `state`, with `config`'s node, through `client` (the annotations) and `zds` (the proxy).
     pub fn new(
         config: Config,
-        backend: Backend,
         client: Client,
         zds: ZdsHandle,
-        cache: PodCache,
-        hostprobe: HostProbe,
+        state: Arc<AmbientState>,
         metrics: Metrics,
     ) -> Arc<Self> {
         Arc::new(Self {
             config,
-            backend,
             client,
             zds,
-            cache,
-            hostprobe: Arc::new(hostprobe),
-            recorder: Recorder::new(metrics.clone()),
+            state,
             metrics,
-            gate: PodGate::default(),
             unannotated: Unannotated::default(),
             #[cfg(debug_assertions)]
             pause: pause::Pause::from_env(),
@@ -111,7 +100,7 @@ impl Enroller {
     pub fn mark_deleted(&self, pod: &Pod) {
         let uid = PodUid::of(pod);
         if !uid.is_empty() {
-            self.gate.mark_deleted(&uid);
+            self.state.gate().mark_deleted(&uid);
         }
     }
 
@@ -125,52 +114,9 @@ impl Enroller {
         }))
     }
 
-    /// The cache of enrolled pods.
-    pub fn cache(&self) -> &PodCache {
-        &self.cache
-    }
-
-    /// Each pod's latest enrollment, for `node-agent explain`.
-    pub fn timelines(&self) -> &Timelines {
-        self.recorder.timelines()
-    }
-
-    /// The host probe set, which explain reads.
-    pub fn hostprobe(&self) -> Arc<HostProbe> {
-        self.hostprobe.clone()
-    }
-
-    /// Pod `uid`'s pass and cache entry, if it is enrolled and not deleted: the drift check holds the pass while
-    /// it reads and repairs the pod's rules, so it never runs during an enrollment or removal of the pod, and never
-    /// touches a pod being removed (waiting here until the removal is done, then finding no entry).
-    pub async fn enrolled_pass(&self, uid: &str) -> Option<(Pass, Enrolled)> {
-        let pass = self.gate.enter(uid).await;
-        if self.gate.is_deleted(uid) {
-            return None;
-        }
-        Some((pass, self.cache.get(uid)?))
-    }
-
-    /// The backend of the in-pod rules.
-    pub fn backend(&self) -> Backend {
-        self.backend
-    }
-
-    /// The in-pod rule settings for `pod`: agent defaults overridden by the pod's annotations. Every value that
-    /// reaches a rule passes the same checks as the sidecar settings (`istio_contract::validate`); an invalid one
-    /// is an error naming its annotation, and the pod gets no rules.
-    pub fn inpod_config(&self, pod: &Pod) -> Result<InpodConfig, istio_contract::validate::SettingsError> {
-        let empty = BTreeMap::new();
-        let ann = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-        let flag = |k: &str| ann.get(k).map(|v| v.trim().eq_ignore_ascii_case("true"));
-        Ok(InpodConfig {
-            dns_capture: flag(AMBIENT_DNS_CAPTURE).unwrap_or(self.config.ambient_dns_capture),
-            ingress_mode: flag(AMBIENT_BYPASS_INBOUND_CAPTURE).unwrap_or(false),
-            virtual_interfaces: istio_contract::validate::interfaces(ann, REROUTE_VIRTUAL_INTERFACES)?,
-            enable_ipv6: self.config.ambient_ipv6,
-            probe_snat_v4: self.config.host_probe_snat_ip,
-            probe_snat_v6: self.config.host_probe_snat_ipv6,
-        })
+    /// What the agent holds of its ambient pods, which enrollment writes.
+    pub fn state(&self) -> &AmbientState {
+        &self.state
     }
 
     /// Enrolls `pod`, whose netns is `netns`, and answers only when every step is done (or failed). Holds the
@@ -184,7 +130,12 @@ impl Enroller {
 
     /// The enrollment procedure, over this enroller's effects and state.
     fn procedure(&self) -> Procedure<'_, Self> {
-        Procedure { effects: self, gate: &self.gate, recorder: &self.recorder, unannotated: &self.unannotated }
+        Procedure {
+            effects: self,
+            gate: self.state.gate(),
+            recorder: self.state.recorder(),
+            unannotated: &self.unannotated,
+        }
     }
 
     /// Records that the watch's `/proc` search for running `pod`'s netns failed with `error`, so that `explain`
@@ -192,13 +143,13 @@ impl Enroller {
     /// keeps its record.
     pub async fn search_failed(&self, pod: &Pod, ips: &[IpAddr], search: Timed, error: &str) {
         let uid = PodUid::of(pod);
-        let _pass = self.gate.enter(&uid).await;
-        if self.gate.is_deleted(&uid) || self.cache.get(&uid).is_some() {
+        let _pass = self.state.gate().enter(&uid).await;
+        if self.state.gate().is_deleted(&uid) || self.state.cache().get(&uid).is_some() {
             return;
         }
-        self.recorder.begin(&uid, Source::Watch, ips, search.started());
-        self.recorder.timed(&uid, Step::Netns, search, Some(error.to_string()));
-        self.recorder.finish(&uid, Err(error.to_string()));
+        self.state.recorder().begin(&uid, Source::Watch, ips, search.started());
+        self.state.recorder().timed(&uid, Step::Netns, search, Some(error.to_string()));
+        self.state.recorder().finish(&uid, Err(error.to_string()));
     }
 
     /// Like [`Enroller::enroll`], for the plugin's ADD: all or nothing. A failure undoes what was done (cache
@@ -231,14 +182,14 @@ impl Enroller {
         if !self.unannotated.contains(&uid) {
             return Ok(());
         }
-        let _pass = self.gate.enter(&uid).await;
-        if !self.unannotated.contains(&uid) || self.cache.get(&uid).is_none() {
+        let _pass = self.state.gate().enter(&uid).await;
+        if !self.unannotated.contains(&uid) || self.state.cache().get(&uid).is_none() {
             return Ok(());
         }
         let clock = Clock::start();
         let annotated = self.annotate(pod, AMBIENT_REDIRECTION_ENABLED).await;
-        self.recorder.result(&uid, Step::Annotate, clock, annotated)?;
-        self.recorder.finish(&uid, Ok(()));
+        self.state.recorder().result(&uid, Step::Annotate, clock, annotated)?;
+        self.state.recorder().finish(&uid, Ok(()));
         self.unannotated.remove(&uid);
         tracing::info!(pod = %key(pod), uid = %uid, "annotated after a failed attempt");
         Ok(())
@@ -258,13 +209,13 @@ impl Enroller {
     ) -> Result<(), EnrollError> {
         let name = key(pod);
         let uid = PodUid::of(pod);
-        let _pass = self.gate.enter(&uid).await;
-        if self.gate.is_deleted(&uid) {
+        let _pass = self.state.gate().enter(&uid).await;
+        if self.state.gate().is_deleted(&uid) {
             return Err(EnrollError::Deleted { pod: name, uid: uid.into(), stage: Stage::Rules.name() });
         }
-        self.recorder.begin(&uid, Source::Restore, &ips, search.started());
+        self.state.recorder().begin(&uid, Source::Restore, &ips, search.started());
         let result = self.restore_steps(pod, netns, ips, reprogram, search).await;
-        self.recorder.finish(&uid, result.as_ref().map(drop).map_err(ToString::to_string));
+        self.state.recorder().finish(&uid, result.as_ref().map(drop).map_err(ToString::to_string));
         result
     }
 
@@ -285,13 +236,13 @@ impl Enroller {
                 let opened =
                     netns.try_clone_fd().map_err(|e| EnrollError::Netns { pod: name.clone(), reason: e.to_string() });
                 let error = opened.as_ref().err().map(ToString::to_string);
-                self.recorder.timed(&uid, Step::Netns, search.then(clock.stop()), error);
+                self.state.recorder().timed(&uid, Step::Netns, search.then(clock.stop()), error);
                 fd = Some(Arc::new(opened?));
                 Some(netns)
             }
             Err(error) => {
                 let error = format!("{error}: restored without it, so its proxy keeps what it had (Keep)");
-                self.recorder.timed(&uid, Step::Netns, search, Some(error));
+                self.state.recorder().timed(&uid, Step::Netns, search, Some(error));
                 None
             }
         };
@@ -299,7 +250,7 @@ impl Enroller {
             if reprogram {
                 let clock = Clock::start();
                 let programmed = self.program_rules(pod, netns).await;
-                self.recorder.result(&uid, Step::Rules, clock, programmed)?;
+                self.state.recorder().result(&uid, Step::Rules, clock, programmed)?;
             }
         }
         let clock = Clock::start();
@@ -307,8 +258,8 @@ impl Enroller {
         if let Err(e) = &probed {
             tracing::error!(pod = %name, error = %e, "host probe set");
         }
-        self.recorder.step(&uid, Step::Probe, clock, probed.err());
-        self.recorder.proxy(&uid, ProxyState::Snapshot);
+        self.state.recorder().step(&uid, Step::Probe, clock, probed.err());
+        self.state.recorder().proxy(&uid, ProxyState::Snapshot);
         self.cache_insert(Enrolled { uid, info: workload_info(pod), ips, netns: fd });
         Ok(())
     }
@@ -319,16 +270,16 @@ impl Enroller {
     pub async fn remove(&self, pod: &Pod, deleting: bool) -> Result<(), EnrollError> {
         let uid = PodUid::of(pod);
         let name = key(pod);
-        let _pass = self.gate.enter(&uid).await;
+        let _pass = self.state.gate().enter(&uid).await;
         self.unannotated.remove(&uid);
-        self.recorder.forget(&uid);
-        let Some(entry) = self.cache.remove(&uid) else { return Ok(()) };
+        self.state.recorder().forget(&uid);
+        let Some(entry) = self.state.cache().remove(&uid) else { return Ok(()) };
         if let Err(e) = self.probe_remove(&uid, &entry.ips).await {
             tracing::error!(pod = %name, error = %e, "host probe set");
         }
         if !deleting {
             if let Some(fd) = entry.netns.as_ref().and_then(|fd| fd.try_clone().ok()) {
-                let backend = self.backend;
+                let backend = self.state.backend();
                 let removed = tokio::task::spawn_blocking(move || {
                     Netns::from_fd(fd, "cached pod netns")
                         .map_err(|e| e.to_string())
@@ -346,7 +297,7 @@ impl Enroller {
         if !deleting {
             self.annotate_remove(pod).await?;
         }
-        self.metrics.enrolled_pods.set(self.cache.count() as i64);
+        self.metrics.enrolled_pods.set(self.state.cache().count() as i64);
         tracing::info!(pod = %name, "removed from ambient");
         Ok(())
     }
@@ -371,8 +322,8 @@ impl Effects for Enroller {
     /// An invalid annotation is refused before anything is programmed; the reason names it.
     async fn program_rules(&self, pod: &Pod, netns: Netns) -> Result<(), EnrollError> {
         let failed = |reason: String| EnrollError::Rules { pod: key(pod), reason };
-        let config = self.inpod_config(pod).map_err(|source| EnrollError::Invalid { pod: key(pod), source })?;
-        let (backend, plan) = (self.backend, ambient::build(&config));
+        let config = self.state.inpod_config(pod).map_err(|source| EnrollError::Invalid { pod: key(pod), source })?;
+        let (backend, plan) = (self.state.backend(), ambient::build(&config));
         tokio::task::spawn_blocking(move || backend.apply_ambient(&netns, &plan))
             .await
             .map_err(|e| failed(e.to_string()))?
@@ -380,13 +331,13 @@ impl Effects for Enroller {
     }
 
     fn cache_insert(&self, entry: Enrolled) {
-        self.cache.insert(entry);
-        self.metrics.enrolled_pods.set(self.cache.count() as i64);
+        self.state.cache().insert(entry);
+        self.metrics.enrolled_pods.set(self.state.cache().count() as i64);
     }
 
     fn cache_remove(&self, uid: &PodUid) {
-        self.cache.remove(uid);
-        self.metrics.enrolled_pods.set(self.cache.count() as i64);
+        self.state.cache().remove(uid);
+        self.metrics.enrolled_pods.set(self.state.cache().count() as i64);
     }
 
     async fn proxy_add(&self, uid: &PodUid, info: WorkloadInfo, netns: &OwnedFd) -> Result<(), zds::ZdsError> {
@@ -399,7 +350,7 @@ impl Effects for Enroller {
 
     /// On a blocking thread: it enters the host netns and talks netlink.
     async fn probe_add(&self, uid: &PodUid, ips: &[IpAddr]) -> Result<(), String> {
-        let (probe, uid, ips) = (self.hostprobe.clone(), uid.clone(), ips.to_vec());
+        let (probe, uid, ips) = (self.state.hostprobe(), uid.clone(), ips.to_vec());
         tokio::task::spawn_blocking(move || probe.add(&uid, &ips).map_err(|e| e.to_string()))
             .await
             .map_err(|e| e.to_string())?
@@ -407,7 +358,7 @@ impl Effects for Enroller {
 
     /// On a blocking thread.
     async fn probe_remove(&self, uid: &PodUid, ips: &[IpAddr]) -> Result<(), String> {
-        let (probe, uid, ips) = (self.hostprobe.clone(), uid.clone(), ips.to_vec());
+        let (probe, uid, ips) = (self.state.hostprobe(), uid.clone(), ips.to_vec());
         tokio::task::spawn_blocking(move || probe.remove(&uid, &ips).map_err(|e| e.to_string()))
             .await
             .map_err(|e| e.to_string())?

@@ -20,9 +20,9 @@ use redirect::inspect::RuleReport;
 
 use super::listeners;
 use super::report::{DriftCheck, HostProbe, Mode, Netns, ProbeSelfTest, ProxyState, Report, Rules, Sidecar, Summary};
+use crate::ambient_state::AmbientState;
 use crate::config::Config;
 use crate::drift::{self, Drift, LastCheck};
-use crate::enroll::Enroller;
 use crate::pod::{ips as pod_ips, is_terminating, key, terminal_phase, PodUid};
 
 /// The verdict of an enrolled ambient pod.
@@ -42,7 +42,7 @@ pub struct Explainer {
     config: Config,
     pods: Store<Pod>,
     namespaces: Option<Store<Namespace>>,
-    enroller: Option<Arc<Enroller>>,
+    ambient: Option<Arc<AmbientState>>,
     /// The drift checker, whose latest check of each pod the report shows (ambient only).
     drift: Option<Drift>,
     /// The backend sidecar pods' rules are read with: the agent's, else chosen on first use as the agent would.
@@ -125,26 +125,26 @@ async fn bounded<T>(what: &str, read: impl Future<Output = Result<T, String>>) -
 
 impl Explainer {
     /// An explainer over the agent's watches (`namespaces` when ambient is on), its rule backend when it chose
-    /// one, and, when ambient is on, its enroller.
+    /// one, and, when ambient is on, what it holds of its ambient pods.
     pub fn new(
         config: &Config,
         selectors: Selectors,
         pods: Store<Pod>,
         namespaces: Option<Store<Namespace>>,
-        enroller: Option<Arc<Enroller>>,
+        ambient: Option<Arc<AmbientState>>,
         backend: Option<Backend>,
     ) -> Self {
         Self {
             sidecar_backend: tokio::sync::OnceCell::new_with(backend),
             drift: None,
             node: config.node_name.clone(),
-            ambient_enabled: config.ambient_enabled && enroller.is_some(),
+            ambient_enabled: config.ambient_enabled && ambient.is_some(),
             excluded: config.excluded(),
             selectors,
             config: config.clone(),
             pods,
             namespaces,
-            enroller,
+            ambient,
         }
     }
 
@@ -276,14 +276,14 @@ impl Explainer {
             Mode::Sidecar => "in mesh (sidecar)".into(),
             Mode::None => "not in mesh".into(),
             Mode::Ambient => {
-                let Some(enroller) = &self.enroller else { return "not in mesh: ambient is disabled".into() };
+                let Some(ambient) = &self.ambient else { return "not in mesh: ambient is disabled".into() };
                 let uid = PodUid::of(pod);
-                let timeline = enroller.timelines().get(uid.as_str());
+                let timeline = ambient.timelines().get(uid.as_str());
                 if let Some(t) = timeline.as_ref().filter(|t| t.failed) {
                     let error = t.last_error.as_ref().map(|e| e.message.clone()).unwrap_or_else(|| t.outcome.clone());
                     return format!("enrollment failed: {error}");
                 }
-                if enroller.cache().get(uid.as_str()).is_some() {
+                if ambient.cache().get(uid.as_str()).is_some() {
                     return IN_MESH_AMBIENT.into();
                 }
                 if timeline.is_some() {
@@ -301,14 +301,14 @@ impl Explainer {
 
     /// An ambient pod: what the agent holds of it and what its netns and the host probe set say.
     async fn ambient(&self, pod: &Pod, report: &mut Report) {
-        let Some(enroller) = &self.enroller else { return };
+        let Some(ambient) = &self.ambient else { return };
         let uid = report.uid.clone();
-        report.timeline = enroller.timelines().get(&uid);
+        report.timeline = ambient.timelines().get(&uid);
         report.last_error = report.timeline.as_ref().and_then(|t| t.last_error.clone());
         if report.ips.is_empty() {
             report.ips = report.timeline.as_ref().map(|t| t.ips.clone()).unwrap_or_default();
         }
-        let enrolled = enroller.cache().get(&uid);
+        let enrolled = ambient.cache().get(&uid);
         report.zds = Some(match (&report.timeline, &enrolled) {
             (Some(t), _) => t.proxy.clone(),
             (None, Some(_)) => ProxyState::Snapshot,
@@ -342,7 +342,7 @@ impl Explainer {
         };
         // The drift check's own inspection: the in-pod rules against the plan, and the host probe entries.
         let rules_read =
-            bounded("in-pod rules", async { drift::inspect_pod(enroller, pod).await.map_err(|e| e.to_string()) });
+            bounded("in-pod rules", async { drift::inspect_pod(ambient, pod).await.map_err(|e| e.to_string()) });
         let (listeners, inspected) = tokio::join!(listeners_read, rules_read);
         report.listeners = listeners;
         let rules = match inspected {
@@ -480,7 +480,7 @@ mod tests {
             config: <Config as clap::Parser>::parse_from(["node-agent"]),
             pods,
             namespaces: Some(namespaces),
-            enroller: None,
+            ambient: None,
             drift: None,
             sidecar_backend: tokio::sync::OnceCell::new(),
         }
