@@ -171,15 +171,23 @@ impl IstioAgent {
 
     #[track_caller]
     fn wait_ready(&mut self) {
+        /// How long Istio's agent may take to become ready.
+        const READY_LIMIT: std::time::Duration = std::time::Duration::from_secs(180);
         let netns = self.netns.clone();
         let child = &mut self.child;
-        let ready = eventually("Istio's agent answers /readyz with 200 (or exits)", || {
+        // Istio's agent reports ready only once it has rebuilt its snapshot of every enrolled pod: with a thousand
+        // pods (node-scale) that took 19 s here, so it gets a limit of its own, longer than the tests' usual one.
+        let started = std::time::Instant::now();
+        let ready = crate::wait::within(started, READY_LIMIT, || {
             if let Ok(Some(status)) = child.try_wait() {
                 return Some(Err(status));
             }
             let code = crate::http::get(&netns, ports::CNI_READINESS, "/readyz").ok().map(|(status, _)| status);
             (code == Some(200)).then_some(Ok(()))
         });
+        let Some(ready) = ready else {
+            panic!("Istio's agent did not answer /readyz with 200 within {READY_LIMIT:?}; log:\n{}", self.log());
+        };
         if let Err(status) = ready {
             self.exit = Some(status);
             panic!("Istio's agent exited with {status} before becoming ready; log:\n{}", self.log());
