@@ -546,7 +546,7 @@ pub fn netns_id(ns: &NetnsGuard) -> (u64, u64) {
     ns.open().expect("open pod netns").id()
 }
 
-/// The node agent's enrollment pause, a test hook of its debug builds (`node-agent/src/enroll.rs`, module doc):
+/// The node agent's enrollment pause, a test hook of its debug builds (`node-agent/src/enroll/mod.rs`, module doc):
 /// every enrollment reaching the chosen stage announces itself with `<dir>/<pod uid>.paused` and waits for
 /// `<dir>/<pod uid>.resume`. For deleting a pod at a precise point of its enrollment.
 #[derive(Debug)]
