@@ -158,7 +158,7 @@ struct Inner {
     sidecar: InPlace,
     proc_dir: std::path::PathBuf,
     wake: Notify,
-    state: Mutex<HashMap<String, PodState>>,
+    state: Mutex<HashMap<PodUid, PodState>>,
     host_throttle: Mutex<daemon::throttle::Throttle>,
     /// The host probe rule drifted at the previous check and is not repaired yet (counted once).
     host_drift_open: std::sync::atomic::AtomicBool,
@@ -204,7 +204,7 @@ impl Drift {
         self.state().get(uid).and_then(|s| s.last.clone())
     }
 
-    fn state(&self) -> MutexGuard<'_, HashMap<String, PodState>> {
+    fn state(&self) -> MutexGuard<'_, HashMap<PodUid, PodState>> {
         self.inner.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -228,7 +228,7 @@ impl Drift {
 
     /// One check of the host probe rule, every enrolled ambient pod and every sidecar pod.
     async fn round(&self) {
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen: Vec<PodUid> = Vec::new();
         if let Some(ambient) = &self.inner.ambient {
             seen = self.check_ambient_side(ambient).await;
         }
@@ -238,7 +238,7 @@ impl Drift {
     }
 
     /// The host probe rule and every enrolled ambient pod. Returns the UIDs checked.
-    async fn check_ambient_side(&self, ambient: &Arc<AmbientState>) -> Vec<String> {
+    async fn check_ambient_side(&self, ambient: &Arc<AmbientState>) -> Vec<PodUid> {
         self.check_host_probe(ambient).await;
         let probe = ambient.hostprobe();
         let entries = match blocking(move || probe.entries().map_err(|e| DriftError::HostProbe(e.to_string()))).await {
@@ -250,8 +250,8 @@ impl Drift {
         };
         let mut seen = Vec::new();
         for entry in ambient.cache().pods() {
-            seen.push(entry.uid.to_string());
-            self.check_ambient(ambient, entry.uid.to_string(), entries.as_deref()).await;
+            seen.push(entry.uid.clone());
+            self.check_ambient(ambient, entry.uid.clone(), entries.as_deref()).await;
         }
         seen
     }
@@ -301,7 +301,7 @@ impl Drift {
     }
 
     /// One enrolled ambient pod, under its pass.
-    async fn check_ambient(&self, ambient: &Arc<AmbientState>, uid: String, entries: Option<&[ProbeEntry]>) {
+    async fn check_ambient(&self, ambient: &Arc<AmbientState>, uid: PodUid, entries: Option<&[ProbeEntry]>) {
         let busy = {
             let mut state = self.state();
             let s = state.entry(uid.clone()).or_default();
@@ -383,7 +383,7 @@ impl Drift {
 
     /// Sidecar pods: running, not terminating, not enrolled, ones the plugin redirects; their netns found in one
     /// `/proc` scan. Returns the UIDs checked.
-    async fn check_sidecars(&self) -> Vec<String> {
+    async fn check_sidecars(&self) -> Vec<PodUid> {
         let cache = self.inner.ambient.as_ref().map(|e| e.cache());
         let candidates: Vec<Arc<Pod>> = self
             .inner
@@ -418,8 +418,8 @@ impl Drift {
         };
         let mut checked = Vec::new();
         for pod in candidates {
-            let uid = String::from(PodUid::of(&pod));
-            if let Some(netns) = found.remove(&uid) {
+            let uid = PodUid::of(&pod);
+            if let Some(netns) = found.remove(uid.as_str()) {
                 checked.push(uid.clone());
                 self.check_sidecar(uid, pod, netns).await;
             }
@@ -427,7 +427,7 @@ impl Drift {
         checked
     }
 
-    async fn check_sidecar(&self, uid: String, pod: Arc<Pod>, netns: Netns) {
+    async fn check_sidecar(&self, uid: PodUid, pod: Arc<Pod>, netns: Netns) {
         let (may_repair, busy) = {
             let mut state = self.state();
             let s = state.entry(uid.clone()).or_default();
@@ -468,13 +468,13 @@ impl Drift {
     }
 
     /// Counts, logs and remembers one pod's check.
-    fn record(&self, uid: &str, pod: &Pod, mode: &'static str, out: Outcome, kind: &'static str) {
+    fn record(&self, uid: &PodUid, pod: &Pod, mode: &'static str, out: Outcome, kind: &'static str) {
         let name = pod::key(pod);
         let metrics = &self.inner.metrics;
         let rules_drifted = out.report.as_ref().is_some_and(RuleReport::drifted);
         let probe_drifted = out.in_probe_set == Some(false);
         let mut state = self.state();
-        let s = state.entry(uid.to_string()).or_default();
+        let s = state.entry(uid.clone()).or_default();
         if (rules_drifted || probe_drifted) && !s.drift_open {
             if rules_drifted {
                 metrics.drift_detected.get_or_create(&DriftKind { kind }).inc();
@@ -495,7 +495,7 @@ impl Drift {
         let backend = out.report.as_ref().map(|r| r.backend.clone()).unwrap_or_default();
         if repaired {
             tracing::warn!(
-                pod = %name, uid, %backend, rules = out.repaired_rules, host_probe_entry = out.repaired_probe,
+                pod = %name, uid = %uid, %backend, rules = out.repaired_rules, host_probe_entry = out.repaired_probe,
                 ?missing, ?unexpected, "{mode} pod's rules drifted: repaired"
             );
         } else if rules_drifted && !s.drift_open && out.error.is_none() {
@@ -504,12 +504,12 @@ impl Drift {
             } else {
                 "backing off after failed repairs"
             };
-            tracing::warn!(pod = %name, uid, %backend, ?missing, ?unexpected, "{mode} pod's rules drifted; not repaired: {why}");
+            tracing::warn!(pod = %name, uid = %uid, %backend, ?missing, ?unexpected, "{mode} pod's rules drifted; not repaired: {why}");
         }
         if let Some(error) = &out.error {
             s.failed();
             if let Some(held) = s.throttle.hit() {
-                tracing::warn!(pod = %name, uid, held, error = %error, "drift check");
+                tracing::warn!(pod = %name, uid = %uid, held, error = %error, "drift check");
             }
         } else if repaired {
             s.succeeded();
@@ -530,11 +530,11 @@ impl Drift {
     }
 
     /// Remembers (and logs, throttled) a check that could not run.
-    fn record_error(&self, uid: &str, mode: &'static str, error: String) {
+    fn record_error(&self, uid: &PodUid, mode: &'static str, error: String) {
         let mut state = self.state();
-        let s = state.entry(uid.to_string()).or_default();
+        let s = state.entry(uid.clone()).or_default();
         if let Some(held) = s.throttle.hit() {
-            tracing::warn!(uid, held, error = %error, "drift check of a {mode} pod");
+            tracing::warn!(uid = %uid, held, error = %error, "drift check of a {mode} pod");
         }
         let previous = s.last.take();
         s.last = Some(LastCheck {
