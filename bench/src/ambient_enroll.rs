@@ -20,6 +20,17 @@ use crate::stats::Counts;
 use crate::stats::{us, Summary};
 
 /// Why the `netns` phase is empty in this scenario.
+/// What the side-by-side figures mean (#29).
+const ISTIO_READING: &str = "\nReading, against Istio's: both paths run the same steps in the same order (the plugin hands \
+the pod to the agent, the agent programs the pod's rules, sends the pod to the proxy, waits for its ack, adds the \
+host probe entry, annotates). Istio's costs more at each: its plugin is a Go process that builds a Kubernetes client \
+and GETs the pod and its namespace over https before it calls its agent; its agent programs the rules by exec'ing \
+`nft` or `iptables-restore` after exec'ing the save tools and probing the flavour. Ours asks the agent, which \
+answers from its watch; the agent programs native nftables in one netlink batch (no exec), and on iptables-nft \
+one `iptables-nft-restore` per family into a new pod's netns (whether the netns holds a table is asked of the \
+kernel, so nothing is saved first). On iptables-nft those two execs are most of what ours adds; on native \
+nftables the plugin's own process start is.\n";
+
 const NETNS_NOTE: &str = "\nThe `netns` phase counts /proc discoveries (pods enrolled by a label change or after a \
 restart); pods that come through CNI ADD bring their netns path, so it stays empty here.\n";
 
@@ -158,6 +169,9 @@ pub fn run(counts: Counts) -> Section {
     }
     body.push('\n');
     body.push_str(&verdicts);
+    if istio.is_ok() {
+        body.push_str(ISTIO_READING);
+    }
     body.push_str(&phases);
     body.push_str(NETNS_NOTE);
     body.push('\n');

@@ -385,6 +385,7 @@ fn versus_istio(contenders: &[Contender], sums: &[Summary], istio: &Result<istio
     let netlink = find(&|c| matches!(c, Contender::Netlink)).expect("netlink row");
     let restore = find(&|c| matches!(c, Contender::Restore)).expect("restore row");
     let floor = exec_floor.map(|e| e + netlink);
+    let ours_version = find(&|c| matches!(c, Contender::Version)).expect("our VERSION row");
     let mut s = String::new();
     let _ = writeln!(s, "### Against Istio's plugin and the floor (#29)\n");
     match istio {
@@ -406,10 +407,14 @@ fn versus_istio(contenders: &[Contender], sums: &[Summary], istio: &Result<istio
             s,
             "The floor is computed from two rows of this run: the exec floor ({} µs) plus our native nftables \
              netlink batch of the same rules alone ({} µs) = {} µs: what any exec'd plugin that programs these rules \
-             must pay at least on this machine.\n",
+             must pay at least on this machine. Our plugin's own process start, exec'd for VERSION alone (it \
+             reads no netconf and programs nothing), takes {} µs in this run: {:.1}× that floor before any work, \
+             against the {FLOOR_TARGET}× the target allows for the whole ADD.\n",
             us(e),
             us(netlink),
-            us(f)
+            us(f),
+            us(ours_version),
+            ours_version.as_secs_f64() / f.as_secs_f64().max(1e-9)
         ),
         _ => writeln!(s, "No exec floor on this architecture: the floor is not computed.\n"),
     };
