@@ -20,6 +20,7 @@ use redirect::hostprobe::HostProbe;
 use crate::cache::{Enrolled, PodCache};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::pod::PodUid;
 use crate::pod_gate::{Pass, PodGate};
 use crate::timeline::{Recorder, Timelines};
 
@@ -90,7 +91,7 @@ impl AmbientState {
     /// Pod `uid`'s pass and cache entry, if it is enrolled and not deleted: the drift check holds the pass while
     /// it reads and repairs the pod's rules, so it never runs during an enrollment or removal of the pod, and never
     /// touches a pod being removed (waiting here until the removal is done, then finding no entry).
-    pub async fn enrolled_pass(&self, uid: &str) -> Option<(Pass, Enrolled)> {
+    pub async fn enrolled_pass(&self, uid: &PodUid) -> Option<(Pass, Enrolled)> {
         let pass = self.gate.enter(uid).await;
         if self.gate.is_deleted(uid) {
             return None;

@@ -37,12 +37,12 @@ impl PodCache {
     }
 
     /// Removes a pod, returning what was known about it.
-    pub fn remove(&self, uid: &str) -> Option<Enrolled> {
+    pub fn remove(&self, uid: &PodUid) -> Option<Enrolled> {
         self.lock().remove(uid)
     }
 
     /// Looks a pod up.
-    pub fn get(&self, uid: &str) -> Option<Enrolled> {
+    pub fn get(&self, uid: &PodUid) -> Option<Enrolled> {
         self.lock().get(uid).cloned()
     }
 

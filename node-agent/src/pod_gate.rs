@@ -13,6 +13,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::pod::PodUid;
+
 /// How long a deleted UID is remembered: far longer than any enrollment takes (API lookup, rules, the proxy's ack
 /// within its deadline, the annotation), short enough that the memory never grows with the node's history.
 pub const DELETED_TTL: Duration = Duration::from_secs(10 * 60);
@@ -80,7 +82,7 @@ impl Drop for Pass {
 
 impl PodGate {
     /// Waits until no other operation on `uid` runs, and holds it off until the returned pass is dropped.
-    pub async fn enter(&self, uid: &str) -> Pass {
+    pub async fn enter(&self, uid: &PodUid) -> Pass {
         let lock = self.locks().entry(uid.to_string()).or_default().clone();
         let guard = lock.lock_owned().await;
         Pass { gate: self.clone(), uid: uid.to_string(), guard: Some(guard) }
@@ -88,7 +90,7 @@ impl PodGate {
 
     /// Records that pod `uid` was deleted: its enrollment in flight rolls back at its next stage, and later ones
     /// are refused.
-    pub fn mark_deleted(&self, uid: &str) {
+    pub fn mark_deleted(&self, uid: &PodUid) {
         self.mark_deleted_at(uid, Instant::now());
     }
 
@@ -101,7 +103,7 @@ impl PodGate {
     }
 
     /// Whether pod `uid` was deleted (within [`DELETED_TTL`], among the last [`MAX_DELETED`]).
-    pub fn is_deleted(&self, uid: &str) -> bool {
+    pub fn is_deleted(&self, uid: &PodUid) -> bool {
         self.is_deleted_at(uid, Instant::now())
     }
 
@@ -127,14 +129,16 @@ mod tests {
     #[tokio::test]
     async fn operations_on_one_uid_never_overlap_and_other_uids_go_on() {
         let gate = PodGate::default();
-        let first = gate.enter("a").await;
+        let first = gate.enter(&PodUid::from("a")).await;
         // Another UID is not held up.
-        let other = tokio::time::timeout(Duration::from_secs(5), gate.enter("b")).await.expect("b enters at once");
+        let other = tokio::time::timeout(Duration::from_secs(5), gate.enter(&PodUid::from("b")))
+            .await
+            .expect("b enters at once");
         drop(other);
         // The same UID waits for the first pass.
         let waiting = tokio::spawn({
             let gate = gate.clone();
-            async move { gate.enter("a").await }
+            async move { gate.enter(&PodUid::from("a")).await }
         });
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "a second pass for a while the first is held");

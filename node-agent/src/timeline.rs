@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::explain::report::{Phase, ProxyState, Timeline, Timestamped};
 use crate::metrics::Metrics;
+use crate::pod::PodUid;
 
 /// The most records kept: far above the pods a node runs (the kubelet's default is 110), so only a leak would
 /// reach it.
@@ -97,18 +98,18 @@ impl Recorder {
     }
 
     /// A new enrollment of pod `uid` began at `started` (see [`Timelines::begin`]).
-    pub fn begin(&self, uid: &str, source: Source, ips: &[IpAddr], started: Clock) {
+    pub fn begin(&self, uid: &PodUid, source: Source, ips: &[IpAddr], started: Clock) {
         self.timelines.begin(uid, source, ips, started);
     }
 
     /// `step` of pod `uid`'s enrollment, begun at `started` and ended now, with `error` if it failed: one phase of
     /// the record and one observation of the histogram, of the same span.
-    pub fn step(&self, uid: &str, step: Step, started: Clock, error: Option<String>) {
+    pub fn step(&self, uid: &PodUid, step: Step, started: Clock, error: Option<String>) {
         self.timed(uid, step, started.stop(), error);
     }
 
     /// [`Recorder::step`], for a step timed already (the `/proc` search came first).
-    pub fn timed(&self, uid: &str, step: Step, timed: Timed, error: Option<String>) {
+    pub fn timed(&self, uid: &PodUid, step: Step, timed: Timed, error: Option<String>) {
         self.timelines.timed_phase(uid, step, timed, error);
         self.metrics.phase_took(step.name(), timed.took());
     }
@@ -116,7 +117,7 @@ impl Recorder {
     /// [`Recorder::step`] for a step whose `result` is handed on.
     pub fn result<T, E: std::fmt::Display>(
         &self,
-        uid: &str,
+        uid: &PodUid,
         step: Step,
         started: Clock,
         result: Result<T, E>,
@@ -126,17 +127,17 @@ impl Recorder {
     }
 
     /// What the node proxy was told about pod `uid`, or answered.
-    pub fn proxy(&self, uid: &str, state: ProxyState) {
+    pub fn proxy(&self, uid: &PodUid, state: ProxyState) {
         self.timelines.proxy(uid, state);
     }
 
     /// Pod `uid`'s enrollment ended with `outcome`.
-    pub fn finish(&self, uid: &str, outcome: Result<(), String>) {
+    pub fn finish(&self, uid: &PodUid, outcome: Result<(), String>) {
         self.timelines.finish(uid, outcome);
     }
 
     /// Pod `uid` left: its record goes.
-    pub fn forget(&self, uid: &str) {
+    pub fn forget(&self, uid: &PodUid) {
         self.timelines.forget(uid);
     }
 }
@@ -200,7 +201,7 @@ struct Record {
 /// Every pod's record; shared, cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct Timelines {
-    records: Arc<Mutex<HashMap<String, Record>>>,
+    records: Arc<Mutex<HashMap<PodUid, Record>>>,
 }
 
 /// RFC 3339, in UTC.
@@ -215,7 +216,7 @@ fn millis(d: Duration) -> f64 {
 impl Timelines {
     /// A new enrollment of pod `uid` with `ips` began at `started`: its steps so far are forgotten, its last error
     /// kept.
-    pub fn begin(&self, uid: &str, source: Source, ips: &[IpAddr], started: Clock) {
+    pub fn begin(&self, uid: &PodUid, source: Source, ips: &[IpAddr], started: Clock) {
         let mut records = self.lock();
         if !records.contains_key(uid) && records.len() >= MAX_RECORDS {
             if let Some(oldest) = records.iter().min_by_key(|(_, r)| r.started.at).map(|(k, _)| k.clone()) {
@@ -232,7 +233,7 @@ impl Timelines {
             outcome: None,
             last_error,
         };
-        records.insert(uid.to_string(), record);
+        records.insert(uid.clone(), record);
     }
 
     /// `step` of pod `uid`'s enrollment, timed already, with `error` (if it failed); written by the [`Recorder`]
@@ -249,14 +250,14 @@ impl Timelines {
     }
 
     /// What the node proxy was told about pod `uid`, or answered.
-    pub fn proxy(&self, uid: &str, state: ProxyState) {
+    pub fn proxy(&self, uid: &PodUid, state: ProxyState) {
         if let Some(record) = self.lock().get_mut(uid) {
             record.proxy = state;
         }
     }
 
     /// Pod `uid`'s enrollment ended with `outcome`; an error becomes its last error, with the time.
-    pub fn finish(&self, uid: &str, outcome: Result<(), String>) {
+    pub fn finish(&self, uid: &PodUid, outcome: Result<(), String>) {
         if let Some(record) = self.lock().get_mut(uid) {
             if let Err(e) = &outcome {
                 record.last_error = Some(Timestamped { message: e.clone(), at: rfc3339(SystemTime::now()) });
@@ -266,7 +267,7 @@ impl Timelines {
     }
 
     /// Pod `uid` left (removed, deleted): its record goes.
-    pub fn forget(&self, uid: &str) {
+    pub fn forget(&self, uid: &PodUid) {
         self.lock().remove(uid);
     }
 
@@ -277,7 +278,7 @@ impl Timelines {
     }
 
     /// Pod `uid`'s record as explain shows it, if there is one.
-    pub fn get(&self, uid: &str) -> Option<Timeline> {
+    pub fn get(&self, uid: &PodUid) -> Option<Timeline> {
         let records = self.lock();
         let r = records.get(uid)?;
         Some(Timeline {
@@ -306,7 +307,7 @@ impl Timelines {
         self.lock().len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Record>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PodUid, Record>> {
         self.records.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -316,6 +317,10 @@ mod tests {
     use super::*;
 
     use prometheus_client::registry::Registry;
+
+    fn u(uid: &str) -> PodUid {
+        uid.into()
+    }
 
     /// A recorder, with the registry its histogram is in.
     fn recorder() -> (Recorder, Registry) {
@@ -344,16 +349,16 @@ mod tests {
     #[test]
     fn a_step_is_one_phase_and_one_observation_of_the_same_span() {
         let (r, registry) = recorder();
-        r.begin("u1", Source::Watch, &[], Clock::start());
+        r.begin(&u("u1"), Source::Watch, &[], Clock::start());
         let search = Timed { started: Clock::start(), took: Duration::from_millis(20) };
         r.timed(
-            "u1",
+            &u("u1"),
             Step::Netns,
             search.then(Timed { started: Clock::start(), took: Duration::from_millis(5) }),
             None,
         );
-        r.step("u1", Step::Rules, Clock::start(), Some("refused".into()));
-        let got = r.timelines().get("u1").unwrap();
+        r.step(&u("u1"), Step::Rules, Clock::start(), Some("refused".into()));
+        let got = r.timelines().get(&u("u1")).unwrap();
         let phases: Vec<&str> = got.phases.iter().map(|p| p.phase.as_str()).collect();
         assert_eq!(phases, ["netns", "rules"]);
         for (step, phase) in [(Step::Netns, &got.phases[0]), (Step::Rules, &got.phases[1])] {
@@ -369,26 +374,26 @@ mod tests {
     fn a_failed_enrollment_keeps_its_steps_and_error_until_the_next_one_and_removal_forgets_it() {
         let (r, _registry) = recorder();
         let t = r.timelines().clone();
-        t.begin("u1", Source::Plugin, &[], Clock::start());
-        r.step("u1", Step::Rules, Clock::start(), None);
-        t.proxy("u1", ProxyState::Sent);
-        t.proxy("u1", ProxyState::Error { message: "no proxy connected".into() });
-        r.step("u1", Step::ProxyAck, Clock::start(), Some("no proxy connected".into()));
-        t.finish("u1", Err("node proxy: no proxy connected".into()));
-        let got = t.get("u1").unwrap();
+        t.begin(&u("u1"), Source::Plugin, &[], Clock::start());
+        r.step(&u("u1"), Step::Rules, Clock::start(), None);
+        t.proxy(&u("u1"), ProxyState::Sent);
+        t.proxy(&u("u1"), ProxyState::Error { message: "no proxy connected".into() });
+        r.step(&u("u1"), Step::ProxyAck, Clock::start(), Some("no proxy connected".into()));
+        t.finish(&u("u1"), Err("node proxy: no proxy connected".into()));
+        let got = t.get(&u("u1")).unwrap();
         assert_eq!((got.source.as_str(), got.failed), ("plugin", true));
         assert_eq!(got.phases.iter().map(|p| p.phase.as_str()).collect::<Vec<_>>(), ["rules", "proxy_ack"]);
         assert!(got.last_error.as_ref().unwrap().message.contains("no proxy"));
         assert!(got.last_error.unwrap().at.ends_with('Z'), "RFC 3339 in UTC");
 
-        t.begin("u1", Source::Watch, &[], Clock::start());
-        let again = t.get("u1").unwrap();
+        t.begin(&u("u1"), Source::Watch, &[], Clock::start());
+        let again = t.get(&u("u1")).unwrap();
         assert!(again.phases.is_empty() && !again.failed && again.outcome == "in progress");
         assert!(again.last_error.is_some(), "the last error outlives the retry that has not ended");
-        t.forget("u1");
-        assert!(t.get("u1").is_none());
-        r.step("u1", Step::Rules, Clock::start(), None);
-        assert!(t.get("u1").is_none(), "only an enrollment's beginning creates a record");
+        t.forget(&u("u1"));
+        assert!(t.get(&u("u1")).is_none());
+        r.step(&u("u1"), Step::Rules, Clock::start(), None);
+        assert!(t.get(&u("u1")).is_none(), "only an enrollment's beginning creates a record");
     }
 
     #[test]
@@ -397,9 +402,9 @@ mod tests {
         let t = r.timelines();
         let search = Timed { started: Clock::start(), took: Duration::from_millis(20) };
         let open = Clock::start().stop();
-        t.begin("u1", Source::Watch, &[], search.started());
-        r.timed("u1", Step::Netns, search.then(open), None);
-        let got = t.get("u1").unwrap();
+        t.begin(&u("u1"), Source::Watch, &[], search.started());
+        r.timed(&u("u1"), Step::Netns, search.then(open), None);
+        let got = t.get(&u("u1")).unwrap();
         assert_eq!(got.started_at, got.phases[0].started_at, "the record starts with the search");
         assert!(got.phases[0].duration_ms >= 20.0, "the search's time is in the step: {:?}", got.phases[0]);
     }
@@ -408,20 +413,20 @@ mod tests {
     fn a_relist_drops_ended_records_of_pods_it_did_not_list_but_keeps_those_in_progress() {
         let t = Timelines::default();
         for uid in ["listed", "gone", "in-progress"] {
-            t.begin(uid, Source::Watch, &[], Clock::start());
+            t.begin(&u(uid), Source::Watch, &[], Clock::start());
         }
-        t.finish("listed", Err("netns not found".into()));
-        t.finish("gone", Err("netns not found".into()));
+        t.finish(&u("listed"), Err("netns not found".into()));
+        t.finish(&u("gone"), Err("netns not found".into()));
         t.retain_ended(|uid| uid == "listed");
-        assert!(t.get("listed").is_some() && t.get("in-progress").is_some());
-        assert!(t.get("gone").is_none());
+        assert!(t.get(&u("listed")).is_some() && t.get(&u("in-progress")).is_some());
+        assert!(t.get(&u("gone")).is_none());
     }
 
     #[test]
     fn the_records_are_capped() {
         let t = Timelines::default();
         for i in 0..MAX_RECORDS + 10 {
-            t.begin(&format!("u{i}"), Source::Watch, &[], Clock::start());
+            t.begin(&u(&format!("u{i}")), Source::Watch, &[], Clock::start());
         }
         assert_eq!(t.len(), MAX_RECORDS);
     }

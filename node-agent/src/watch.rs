@@ -300,7 +300,7 @@ impl State {
     fn needs_netns(&self, pod: &Pod) -> bool {
         self.wanted(pod)
             && !terminating(pod)
-            && self.enroller.state().cache().get(PodUid::of(pod).as_str()).is_none()
+            && self.enroller.state().cache().get(&PodUid::of(pod)).is_none()
             && !pod_ips(pod).is_empty()
     }
 
@@ -330,7 +330,7 @@ impl State {
     /// [`State::reconcile`], with what a scan for several pods found of the pod's netns when it already looked.
     async fn reconcile_with(&mut self, pod: &Pod, scanned: Option<Searched>) {
         let id = PodUid::of(pod);
-        let enrolled = self.enroller.state().cache().get(id.as_str()).is_some();
+        let enrolled = self.enroller.state().cache().get(&id).is_some();
         let result = match (self.wanted(pod), enrolled) {
             // Shutting down: an enrolled pod stays so until it is gone, and a pod not enrolled is left out.
             (true, false) if terminating(pod) => Ok(()),

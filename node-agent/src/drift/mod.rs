@@ -395,7 +395,7 @@ impl Drift {
                 pod::is_running(p)
                     && !pod::is_terminating(p)
                     && !uid.is_empty()
-                    && cache.is_none_or(|c| c.get(uid.as_str()).is_none())
+                    && cache.is_none_or(|c| c.get(&uid).is_none())
                     && !pod_ips(p).is_empty()
                     && self.inner.sidecar.skip_reason(p).is_none()
             })

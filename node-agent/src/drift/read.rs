@@ -65,7 +65,7 @@ pub struct PodRules {
 /// set; changes nothing and takes no pass (a read during an enrollment shows the enrollment's progress). `pod`
 /// gives the annotations the plan is built from.
 pub async fn inspect_pod(state: &AmbientState, pod: &Pod) -> Result<PodRules, DriftError> {
-    let entry = state.cache().get(PodUid::of(pod).as_str()).ok_or(DriftError::NotEnrolled)?;
+    let entry = state.cache().get(&PodUid::of(pod)).ok_or(DriftError::NotEnrolled)?;
     let plan = ambient_plan(state, pod)?;
     let netns = entry_netns(&entry)?;
     let (backend, probe) = (state.backend(), state.hostprobe());

@@ -515,7 +515,7 @@ mod tests {
             let ran = run(Fake::default(), on_failure).await;
             ran.result.unwrap();
             assert_eq!(ran.log, ENROLLED, "{on_failure:?}");
-            let timeline = ran.recorder.timelines().get("u1").unwrap();
+            let timeline = ran.recorder.timelines().get(&PodUid::from("u1")).unwrap();
             let phases: Vec<&str> = timeline.phases.iter().map(|p| p.phase.as_str()).collect();
             assert_eq!(phases, ["netns", "rules", "proxy_ack", "probe", "annotate"]);
             assert_eq!(timeline.outcome, "enrolled");
@@ -562,11 +562,11 @@ mod tests {
     #[tokio::test]
     async fn a_deleted_pod_is_refused_before_its_first_step_and_gets_no_record() {
         let fake = Fake::default();
-        fake.gate.mark_deleted("u1");
+        fake.gate.mark_deleted(&PodUid::from("u1"));
         let ran = run(fake, plugin()).await;
         assert!(matches!(ran.result, Err(EnrollError::Deleted { stage: "rules", .. })), "{:?}", ran.result);
         assert_eq!(ran.log, Vec::<&str>::new());
-        assert!(ran.recorder.timelines().get("u1").is_none());
+        assert!(ran.recorder.timelines().get(&PodUid::from("u1")).is_none());
     }
 
     #[tokio::test]

@@ -278,12 +278,12 @@ impl Explainer {
             Mode::Ambient => {
                 let Some(ambient) = &self.ambient else { return "not in mesh: ambient is disabled".into() };
                 let uid = PodUid::of(pod);
-                let timeline = ambient.timelines().get(uid.as_str());
+                let timeline = ambient.timelines().get(&uid);
                 if let Some(t) = timeline.as_ref().filter(|t| t.failed) {
                     let error = t.last_error.as_ref().map(|e| e.message.clone()).unwrap_or_else(|| t.outcome.clone());
                     return format!("enrollment failed: {error}");
                 }
-                if ambient.cache().get(uid.as_str()).is_some() {
+                if ambient.cache().get(&uid).is_some() {
                     return IN_MESH_AMBIENT.into();
                 }
                 if timeline.is_some() {
@@ -302,7 +302,7 @@ impl Explainer {
     /// An ambient pod: what the agent holds of it and what its netns and the host probe set say.
     async fn ambient(&self, pod: &Pod, report: &mut Report) {
         let Some(ambient) = &self.ambient else { return };
-        let uid = report.uid.clone();
+        let uid = PodUid::of(pod);
         report.timeline = ambient.timelines().get(&uid);
         report.last_error = report.timeline.as_ref().and_then(|t| t.last_error.clone());
         if report.ips.is_empty() {
