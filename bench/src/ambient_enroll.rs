@@ -31,8 +31,8 @@ one `iptables-nft-restore` per family into a new pod's netns (whether the netns 
 kernel, so nothing is saved first). On iptables-nft those two execs are most of what ours adds; on native \
 nftables the plugin's own process start is.\n";
 
-const NETNS_NOTE: &str = "\nThe `netns` phase counts /proc discoveries (pods enrolled by a label change or after a \
-restart); pods that come through CNI ADD bring their netns path, so it stays empty here.\n";
+const NETNS_NOTE: &str = "\nThe `netns` phase is opening the pod's netns: from the path CNI ADD brings (microseconds) \
+or, for pods enrolled by a label change or after a restart, found through /proc.\n";
 
 /// The issue's target for (b) − (c) at the median: what istio-cni adds from ADD to annotation.
 const TARGET_ADDED: Duration = Duration::from_millis(5);
