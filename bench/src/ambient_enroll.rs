@@ -19,9 +19,9 @@ use crate::scene::{AmbientNode, NS};
 use crate::stats::Counts;
 use crate::stats::{us, Summary};
 
-/// Why the `netns` phase is empty in this scenario.
 /// What the side-by-side figures mean (#29).
-const ISTIO_READING: &str = "\nReading, against Istio's: both paths run the same steps in the same order (the plugin hands \
+const ISTIO_READING: &str =
+    "\nReading, against Istio's: both paths run the same steps in the same order (the plugin hands \
 the pod to the agent, the agent programs the pod's rules, sends the pod to the proxy, waits for its ack, adds the \
 host probe entry, annotates). Istio's costs more at each: its plugin is a Go process that builds a Kubernetes client \
 and GETs the pod and its namespace over https before it calls its agent; its agent programs the rules by exec'ing \
@@ -31,6 +31,7 @@ one `iptables-nft-restore` per family into a new pod's netns (whether the netns 
 kernel, so nothing is saved first). On iptables-nft those two execs are most of what ours adds; on native \
 nftables the plugin's own process start is.\n";
 
+/// What the `netns` phase times.
 const NETNS_NOTE: &str = "\nThe `netns` phase is opening the pod's netns: from the path CNI ADD brings (microseconds) \
 or, for pods enrolled by a label change or after a restart, found through /proc.\n";
 
