@@ -378,6 +378,35 @@ fn reused_ip_keeps_new_owner(backend: Backend) {
     assert_eq!(probe.entries().unwrap(), want[1..], "{backend}");
 }
 
+/// A pod with one new IP and one another pod had, in the same family: both end up the pod's, the other pod's
+/// entries untouched (the add that finds an IP already there falls back to taking it over).
+fn add_with_one_reused_ip_takes_it_over(backend: Backend) {
+    let t = TestNetns::new();
+    let probe = HostProbe::ensure(t.guard.open().unwrap(), backend, HostProbeConfig::default()).expect("ensure");
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    probe.add("old-pod", &[ip("10.1.0.7")]).expect("add old");
+    probe.add("kept-pod", &[ip("10.1.0.9")]).expect("add kept");
+    probe.add("new-pod", &[ip("10.1.0.8"), ip("10.1.0.7")]).expect("add new with a reused ip");
+    let want = vec![
+        ProbeEntry { ip: ip("10.1.0.7"), pod_uid: Some("new-pod".into()) },
+        ProbeEntry { ip: ip("10.1.0.8"), pod_uid: Some("new-pod".into()) },
+        ProbeEntry { ip: ip("10.1.0.9"), pod_uid: Some("kept-pod".into()) },
+    ];
+    let mut entries = probe.entries().expect("entries");
+    entries.sort();
+    assert_eq!(entries, want, "{backend}");
+}
+
+#[test]
+fn add_with_one_reused_ip_takes_it_over_ipset() {
+    add_with_one_reused_ip_takes_it_over(BACKENDS[0]);
+}
+
+#[test]
+fn add_with_one_reused_ip_takes_it_over_nftables() {
+    add_with_one_reused_ip_takes_it_over(BACKENDS[2]);
+}
+
 #[test]
 fn reused_ip_keeps_new_owner_ipset() {
     reused_ip_keeps_new_owner(BACKENDS[0]);

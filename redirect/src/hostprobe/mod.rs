@@ -305,13 +305,21 @@ impl HostProbe {
                         }
                     }
                     Backend::Nftables => {
+                        let new: Vec<Element> =
+                            mine.iter().map(|ip| Element { addr: *ip, comment: Some(pod_uid.to_string()) }).collect();
+                        // A new pod's IPs are not elements yet: one create, without reading the set, so the cost
+                        // does not grow with the pods already on the node (#31). Only when one is there (an IP
+                        // reused, or the same pod again) is the set read to find the entries to take over.
+                        match set::create(NFT_TABLE, &name, &new) {
+                            Ok(()) => continue,
+                            Err(e) if e.is_already_exists() => {}
+                            Err(e) => return Err(e.into()),
+                        }
                         let current = set::elements(NFT_TABLE, &name)?.unwrap_or_default();
                         let stale: Vec<Element> = current
                             .into_iter()
                             .filter(|e| mine.contains(&e.addr) && e.comment.as_deref() != Some(pod_uid))
                             .collect();
-                        let new: Vec<Element> =
-                            mine.iter().map(|ip| Element { addr: *ip, comment: Some(pod_uid.to_string()) }).collect();
                         set::change(NFT_TABLE, &name, &stale, &new)?;
                     }
                 }

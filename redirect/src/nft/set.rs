@@ -4,7 +4,7 @@
 use std::io;
 use std::net::IpAddr;
 
-use netns::netlink::uapi::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST};
+use netns::netlink::uapi::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
 
 use super::attr::{attrs, c_string, ip_addr, Writer};
 use super::layout::NftChain;
@@ -86,6 +86,17 @@ pub(crate) fn ensure(table: &str, sets: &[AddrSet], chain: &NftChain, rules: &[V
 /// In one transaction: deletes `delete` from `set`, then adds `add`. Adding an address that is already an
 /// element keeps the old element (and its comment), so callers delete it in the same transaction to re-own it.
 pub(crate) fn change(table: &str, set: &str, delete: &[Element], add: &[Element]) -> Result<(), NftError> {
+    transact(table, set, delete, add, NLM_F_CREATE)
+}
+
+/// In one transaction: adds `add` to `set` if none of their addresses is an element yet (`nft create element`);
+/// else the kernel refuses with EEXIST ([`NftError::is_already_exists`]) and nothing is applied. Neither reads
+/// nor rewrites the set's other elements.
+pub(crate) fn create(table: &str, set: &str, add: &[Element]) -> Result<(), NftError> {
+    transact(table, set, &[], add, NLM_F_CREATE | NLM_F_EXCL)
+}
+
+fn transact(table: &str, set: &str, delete: &[Element], add: &[Element], add_flags: u16) -> Result<(), NftError> {
     if delete.is_empty() && add.is_empty() {
         return Ok(());
     }
@@ -94,8 +105,13 @@ pub(crate) fn change(table: &str, set: &str, delete: &[Element], add: &[Element]
             if list.is_empty() {
                 continue;
             }
-            let (msg, verb, flags) =
-                if is_delete { (NFT_MSG_DELSETELEM, "delete", 0) } else { (NFT_MSG_NEWSETELEM, "add", NLM_F_CREATE) };
+            let (msg, verb, flags) = if is_delete {
+                (NFT_MSG_DELSETELEM, "delete", 0)
+            } else if add_flags & NLM_F_EXCL != 0 {
+                (NFT_MSG_NEWSETELEM, "create", add_flags)
+            } else {
+                (NFT_MSG_NEWSETELEM, "add", add_flags)
+            };
             let addrs: Vec<String> = list.iter().map(|e| e.addr.to_string()).collect();
             let obj = Object {
                 name: format!("{verb} element inet {table} {set} {{ {} }}", addrs.join(", ")),
