@@ -12,6 +12,7 @@ use testbed::hbone_proxy::Proxy;
 use testbed::istio_agent::IstioAgent;
 use testbed::mesh::RuleBackend;
 use testbed::node_agent::{ambient_pod, namespace, redirection};
+use testbed::wait::within_every;
 use testbed::{Cluster, NetworkConfigList};
 
 use crate::attach::{timed_add, Attached};
@@ -69,11 +70,9 @@ impl IstioNode {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
         };
-        let since = Instant::now();
-        while !dead() {
-            assert!(since.elapsed() < Duration::from_secs(20), "Istio's agent survived SIGKILL");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        // Polled every millisecond: the wait is part of the restart time measured.
+        within_every(Instant::now(), Duration::from_secs(20), Duration::from_millis(1), || dead().then_some(()))
+            .expect("Istio's agent survived SIGKILL");
         let agent = IstioAgent::start(&self.cluster, self.zds.path(), &settings(self.backend));
         let ready = start.elapsed();
         drop(std::mem::replace(&mut self.agent, agent));
@@ -90,11 +89,10 @@ impl IstioNode {
         pod["spec"]["serviceAccountName"] = json!(name);
         let before = pod_adds(&self.agent.metrics());
         self.cluster.create(&pod);
-        let since = Instant::now();
-        while pod_adds(&self.agent.metrics()) <= before {
-            assert!(since.elapsed() < Duration::from_secs(20), "Istio's agent never saw pod {name}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        within_every(Instant::now(), Duration::from_secs(20), Duration::from_millis(1), || {
+            (pod_adds(&self.agent.metrics()) > before).then_some(())
+        })
+        .unwrap_or_else(|| panic!("Istio's agent never saw pod {name}"));
         let attached = timed_add(&self.cluster.node, &self.list, NS, name);
         while redirection(&self.cluster, NS, name).as_deref() != Some("enabled") {
             assert!(

@@ -397,14 +397,15 @@ mod tests {
     use crate::metrics::Metrics;
 
     /// The effects, logged in the order they ran; fails the effects named in `fail`, deletes the pod at the stage
-    /// `delete_at` names or while the effect `delete_in` names runs, and holds the annotation request `slow` long.
+    /// `delete_at` names or while the effect `delete_in` names runs, and with `hung_annotation` never answers the
+    /// annotation request.
     #[derive(Default)]
     struct Fake {
         log: Mutex<Vec<&'static str>>,
         fail: Vec<&'static str>,
         delete_at: Option<Stage>,
         delete_in: Option<&'static str>,
-        slow_annotation: Option<Duration>,
+        hung_annotation: bool,
         gate: PodGate,
     }
 
@@ -461,8 +462,9 @@ mod tests {
         async fn annotate(&self, pod: &Pod, state: &'static str) -> Result<(), EnrollError> {
             let effect = if state == AMBIENT_REDIRECTION_ENABLED { "annotate enabled" } else { "annotate pending" };
             let ok = self.did(effect, &PodUid::of(pod));
-            if let Some(slow) = self.slow_annotation {
-                tokio::time::sleep(slow).await;
+            if self.hung_annotation {
+                // The API never answers: only the deadline ends the step.
+                std::future::pending::<()>().await;
             }
             let timeout = EnrollError::ApiTimeout { pod: key(pod), what: "annotate", after: Duration::ZERO };
             ok.then_some(()).ok_or(timeout)
@@ -609,7 +611,7 @@ mod tests {
     async fn an_annotation_abandoned_at_the_deadline_is_rolled_back_then_taken_back_last() {
         // The steps before the annotation take no time in the fake: a loaded machine still has them done by then.
         let answer_by = Instant::now() + Duration::from_secs(1);
-        let fake = Fake { slow_annotation: Some(Duration::from_secs(30)), ..Fake::default() };
+        let fake = Fake { hung_annotation: true, ..Fake::default() };
         let ran = run(fake, OnFailure::Undo { answer_by }).await;
         assert!(matches!(ran.result, Err(EnrollError::TooLate { step: "annotate", .. })), "{:?}", ran.result);
         let mut log = ENROLLED.to_vec();
