@@ -623,6 +623,35 @@ impl Soak {
         Ok(())
     }
 
+    /// Both binaries' descriptors and memory at a quiet moment: the node agrees with the fake before and after
+    /// the reading, and each binary holds exactly one netns handle per enrolled pod. A reading in between can
+    /// catch a handle held for a moment: the agent's host probe self-test enters a pod through a duplicate of
+    /// its handle for up to a few seconds, so a one-shot reading would count a pod twice. A leak never reads
+    /// quiet, and the deadline then fails the run with the last reading.
+    fn quiet_sample(&self, when: &str) -> (Sample, Sample) {
+        let mut last = String::new();
+        let quiet = within(Instant::now(), testbed::wait::DEADLINE, || {
+            if let Err(e) = self.agrees() {
+                last = e;
+                return None;
+            }
+            let pods = self.pods.iter().filter(|p| p.ambient && p.sandbox.is_some()).count();
+            let pair = (sample(self.agent.pid()), sample(self.proxy.pid()));
+            let held = (self.pod_netns_held(self.agent.pid()).len(), self.pod_netns_held(self.proxy.pid()).len());
+            if let Err(e) = self.agrees() {
+                last = e;
+                return None;
+            }
+            if held != (pods, pods) {
+                last = format!("netns handles held (agent, proxy) {held:?}, enrolled pods {pods}");
+                return None;
+            }
+            Some(pair)
+        });
+        quiet
+            .unwrap_or_else(|| panic!("{when}: no quiet moment to sample within {:?}: {last}", testbed::wait::DEADLINE))
+    }
+
     /// Waits (at most [`SETTLE`]) until the node agrees with the fake; returns how long that took.
     fn settle(&self, when: &str) -> Duration {
         let since = Instant::now();
@@ -668,6 +697,21 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn the_node_agrees_with_the_api_server_after_minutes_of_chaos_and_churn() {
+    // A failure's message comes first, then the binaries' logs (thousands of lines) as the node is dropped while
+    // unwinding: it is said again after them, where whoever reads the tail of the output sees it.
+    if let Err(failure) = std::panic::catch_unwind(run_soak) {
+        let message = failure
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| failure.downcast_ref::<&str>().copied())
+            .unwrap_or("(a panic without a message)");
+        eprintln!("\nthe soak test failed: {message}");
+        std::panic::resume_unwind(failure);
+    }
+}
+
+/// The soak run; panics on the first disagreement.
+fn run_soak() {
     let started = Instant::now();
     let soak = Duration::from_secs(env_u64("SOAK_SECS", DEFAULT_SOAK_SECS));
     let seed = env_u64("SOAK_SEED", DEFAULT_SEED);
@@ -705,7 +749,7 @@ fn the_node_agrees_with_the_api_server_after_minutes_of_chaos_and_churn() {
             let pause = Instant::now();
             node.converge();
             let took = node.settle("after the warm-up");
-            let sampled = (sample(node.agent.pid()), sample(node.proxy.pid()));
+            let sampled = node.quiet_sample("after the warm-up");
             eprintln!("warm-up sample after {took:?} of settling: agent {:?}, proxy {:?}", sampled.0, sampled.1);
             eprintln!("  agent fds: {:?}", fd_kinds(node.agent.pid()));
             before = Some(sampled);
@@ -720,7 +764,7 @@ fn the_node_agrees_with_the_api_server_after_minutes_of_chaos_and_churn() {
     node.converge();
     let took = node.settle("after the chaos");
     let (agent_before, proxy_before) = before.expect("the warm-up was sampled");
-    let (agent_after, proxy_after) = (sample(node.agent.pid()), sample(node.proxy.pid()));
+    let (agent_after, proxy_after) = node.quiet_sample("after the chaos");
     eprintln!("final agent fds: {:?}", fd_kinds(node.agent.pid()));
 
     eprintln!(
