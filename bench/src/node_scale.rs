@@ -10,13 +10,14 @@ use testbed::mesh::RuleBackend;
 use testbed::node_agent::uid;
 use testbed::pod_process::PodProcess;
 
+use crate::attach::timed_add;
 use crate::istio_node::IstioNode;
 use crate::istio_ref;
 use crate::load::{self, Load};
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
 use crate::stats::Counts;
-use crate::stats::{us, Summary};
+use crate::stats::{ratio, us, Summary};
 
 /// A pod range with room for thousands of pods (the test node's default is a /24).
 const SUBNET: (&str, &str) = ("10.200.0.0/20", "10.200.0.1");
@@ -56,6 +57,82 @@ fn until(since: Instant, what: &str, mut probe: impl FnMut() -> bool) -> Duratio
     since.elapsed()
 }
 
+/// Every this many of our pods, one pod goes through the same chain without istio-cni (bridge + host-local), on
+/// the same node at the same pod count, and is removed again: the primary chain's own cost at that size.
+const CHAIN_EVERY: usize = 2;
+/// Workers of the concurrent run: a kubelet starts many pods at once (its default parallel image pulls and
+/// sandbox starts), and 8 ADDs in flight is what #31 asks for.
+const CONCURRENT: usize = 8;
+
+/// The pod windows whose figures are compared: the first pods, those around a quarter of `n` (250 of 1,000) and
+/// the last, each a twentieth of `n` wide. Half-open ranges of pod indexes.
+fn windows(n: usize) -> [(usize, usize); 3] {
+    let w = (n / 20).max(1);
+    let quarter = (n / 4).saturating_sub(w / 2).min(n - w);
+    [(0, w), (quarter, quarter + w), (n - w, n)]
+}
+
+/// The agent's enrollment phases as `(phase, count, sum in seconds)`, from its histogram.
+fn phase_sums(metrics: &str) -> Vec<(String, f64, f64)> {
+    let mut out: Vec<(String, f64, f64)> = Vec::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("nodeagent_enrollment_duration_seconds_") else { continue };
+        let (kind, rest) = match rest.split_once('{') {
+            Some(split) => split,
+            None => continue,
+        };
+        if kind != "sum" && kind != "count" {
+            continue;
+        }
+        let Some(phase) = rest.split("phase=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
+        let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+        let entry = match out.iter_mut().position(|(p, _, _)| p == phase) {
+            Some(i) => &mut out[i],
+            None => {
+                out.push((phase.to_string(), 0.0, 0.0));
+                out.last_mut().expect("just pushed")
+            }
+        };
+        if kind == "count" {
+            entry.1 = value;
+        } else {
+            entry.2 = value;
+        }
+    }
+    out
+}
+
+/// The mean of each phase between two readings of [`phase_sums`], in microseconds, as `phase mean` pairs.
+fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> String {
+    let mut parts = Vec::new();
+    for (phase, count, sum) in after {
+        let (c0, s0) = before.iter().find(|(p, _, _)| p == phase).map_or((0.0, 0.0), |(_, c, s)| (*c, *s));
+        if count > &c0 {
+            parts.push(format!("{phase} {:.0}", (sum - s0) / (count - c0) * 1e6));
+        }
+    }
+    parts.join(", ")
+}
+
+/// One window's figures.
+struct Window {
+    /// Pod indexes (half-open).
+    range: (usize, usize),
+    /// Median ADD → annotation of our pods in it.
+    ours: Duration,
+    /// Median ADD of the chain without istio-cni in it.
+    chain: Duration,
+    /// The agent's phase means in it.
+    phases: String,
+}
+
+impl Window {
+    /// What istio-cni and the agent add to the chain: the window's medians' difference.
+    fn added(&self) -> Duration {
+        self.ours.saturating_sub(self.chain)
+    }
+}
+
 /// Runs the scenario and returns its report section.
 pub fn run(counts: Counts) -> Section {
     let n = counts.iterations;
@@ -63,18 +140,54 @@ pub fn run(counts: Counts) -> Section {
     let mut node = AmbientNode::start(RuleBackend::Nftables, Some(SUBNET));
     // Our proxy's RSS is read below; the node is dropped before Istio's runs.
     let (agent0, proxy0) = (rss_kib(node.agent.pid()), rss_kib(node.proxy.pid()));
+    // The same conflist (the same /20) without istio-cni.
+    let mut plain = node.list.raw.clone();
+    if let Some(plugins) = plain["plugins"].as_array_mut() {
+        plugins.retain(|p| p["type"] != istio_contract::names::PLUGIN_TYPE);
+    }
+    let chain_only = testbed::NetworkConfigList::from_value(plain).expect("the chain without istio-cni");
 
-    println!("node-scale: enrolling {n} pods");
+    println!("node-scale: enrolling {n} pods (and every {CHAIN_EVERY}th, one pod without istio-cni)");
+    let windows = windows(n);
+    let mut chain: Vec<(usize, Duration)> = Vec::new();
+    let mut phases_at = Vec::new();
     let start = Instant::now();
     let mut pods = Vec::with_capacity(n);
     let mut latencies = Vec::with_capacity(n);
+    let mut chain_time = Duration::ZERO;
     for i in 0..n {
+        if windows.iter().any(|(from, to)| i == *from || i == *to) {
+            phases_at.push((i, phase_sums(&node.agent.metrics())));
+        }
         let (pod, took) = node.add_pod(&format!("s{i}"));
         latencies.push(took);
         pods.push(pod);
+        // Every window holds at least one probe, however few pods it has (`--quick`).
+        if i % CHAIN_EVERY == 0 || windows.iter().any(|(from, _)| *from == i) {
+            let probe = Instant::now();
+            let attached = timed_add(&node.cluster.node, &chain_only, NS, &format!("chain{i}"));
+            chain.push((i, attached.took));
+            drop(attached);
+            chain_time += probe.elapsed();
+        }
     }
+    phases_at.push((n, phase_sums(&node.agent.metrics())));
     let enrolled = until(start, "the proxy runs every pod", || proxy_active(&node) == Some(n as f64));
+    // The chain-only probes are not enrollment: their time (ADD and DEL) is taken out of the throughput.
+    let enrolled = enrolled.saturating_sub(chain_time);
     let (agent1, proxy1) = (rss_kib(node.agent.pid()), rss_kib(node.proxy.pid()));
+    let windows: Vec<Window> = windows
+        .iter()
+        .map(|&(from, to)| {
+            let ours = Summary::of(&latencies[from..to]).median;
+            let probes: Vec<Duration> =
+                chain.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, took)| *took).collect();
+            let chain = Summary::of(&probes).median;
+            let reading =
+                |at: usize| phases_at.iter().find(|(i, _)| *i == at).map(|(_, p)| p.clone()).unwrap_or_default();
+            Window { range: (from, to), ours, chain, phases: phase_means(&reading(from), &reading(to)) }
+        })
+        .collect();
 
     println!("node-scale: starting a process in each pod (for the agent's /proc discovery after its restart)");
     let processes: Vec<PodProcess> = pods
@@ -95,6 +208,13 @@ pub fn run(counts: Counts) -> Section {
     let start = Instant::now();
     let readopted =
         readopt_ready + until(start, "the new proxy runs every pod", || proxy_active(&node) == Some(n as f64));
+    println!("node-scale: tearing down {n} pods");
+    drop(processes);
+    drop(pods);
+    drop(node);
+
+    println!("node-scale: enrolling {n} pods on a fresh node, {CONCURRENT} ADDs at a time");
+    let concurrent = concurrent_run(n);
 
     let lat = Summary::of(&latencies);
     let per_pod = |before: u64, after: u64| after.saturating_sub(before) as f64 / n as f64;
@@ -114,10 +234,24 @@ pub fn run(counts: Counts) -> Section {
             "per-pod ADD → annotation, median / p90 / p99",
             format!("{} / {} / {} µs", us(lat.median), us(lat.p90), us(lat.p99)),
         ),
+        (
+            &*format!("enrollment throughput ({CONCURRENT} ADDs at a time)"),
+            format!("{:.1} pods/s", concurrent.throughput),
+        ),
+        (
+            &*format!("per-pod ADD → annotation ({CONCURRENT} at a time), median / p90 / p99"),
+            format!(
+                "{} / {} / {} µs",
+                us(concurrent.latency.median),
+                us(concurrent.latency.p90),
+                us(concurrent.latency.p99)
+            ),
+        ),
         ("node-agent RSS at rest, 0 pods", format!("{agent0} KiB")),
         ("node-agent RSS at rest, all pods", format!("{agent1} KiB ({:.1} KiB per pod)", per_pod(agent0, agent1))),
         ("hbone-proxy RSS at rest, 0 pods", format!("{proxy0} KiB")),
         ("hbone-proxy RSS at rest, all pods", format!("{proxy1} KiB ({:.1} KiB per pod)", per_pod(proxy0, proxy1))),
+        ("node-agent + hbone-proxy RSS at rest, all pods", format!("{} KiB", agent1 + proxy1)),
         ("agent restart: ready", format!("{} ms", agent_ready.as_millis())),
         ("agent restart: every pod restored", format!("{} ms", agent_restored.as_millis())),
         ("proxy restart: ready (first snapshot applied)", format!("{} ms", readopt_ready.as_millis())),
@@ -126,9 +260,19 @@ pub fn run(counts: Counts) -> Section {
     for (figure, value) in rows {
         let _ = writeln!(body, "| {figure} | {value} |");
     }
-    println!("node-scale: tearing down {n} pods");
-    drop(processes);
-    drop(pods);
+    body.push_str(&growth(n, &windows));
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let _ = writeln!(
+        body,
+        "- Agent + proxy RSS at rest with {n} pods: {:.1} MiB (target ≤64 MB, {:.1} MiB: {}).",
+        mib(agent1 + proxy1),
+        64e6 / 1048576.0,
+        if (agent1 + proxy1) as f64 * 1024.0 <= 64e6 { "met" } else { "NOT met" }
+    );
+    for (what, took) in [("Agent restore", agent_restored), ("Proxy re-adoption", readopted)] {
+        let verdict = if took <= Duration::from_secs(1) { "met" } else { "NOT met" };
+        let _ = writeln!(body, "- {what} of {n} pods: {} ms (target ≤1000 ms: {verdict}).", took.as_millis());
+    }
     let ours = Figures {
         rss0: agent0,
         rss1: agent1,
@@ -136,7 +280,6 @@ pub fn run(counts: Counts) -> Section {
         throughput: n as f64 / enrolled.as_secs_f64(),
         restart: agent_restored,
     };
-    drop(node);
     body.push('\n');
     body.push_str(&match istio_ref::binary("install-cni").and_then(|b| istio_ref::binary("istio-cni").map(|_| b)) {
         Ok(bin) => versus_istio(n, &ours, &istio_figures(n), &bin.version),
@@ -148,6 +291,80 @@ pub fn run(counts: Counts) -> Section {
     body.push('\n');
     body.push_str(&load::note(&load_start, &Load::sample()));
     Section { name: "node-scale", title: format!("Node scale: {n} pods on one node"), body }
+}
+
+/// The setup path's growth with the node's pod count: each window's medians, what istio-cni and the agent add to
+/// the chain, and #31's target on that added cost.
+fn growth(n: usize, windows: &[Window]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n#### Setup cost as the node fills up (#31)\n\nThe sequential run's pods in three windows of {} pods \
+         (the first, those around a quarter of the pods, the last). After one pod in every {CHAIN_EVERY} (and the \
+         first of each window) one more pod went through the same conflist without istio-cni (bridge + host-local, on the same node, the same \
+         /20, at the same pod count) and was removed again (not counted in the throughput): the primary chain's \
+         own cost at that size, which grows by itself (host-local reads every allocation file per ADD; the kernel \
+         adds a port to a bridge that has n ports). \"Added\" is the window's median ADD → annotation less that \
+         chain's median: what istio-cni, the node agent and the proxy's ack add. The phases are the agent's own \
+         (`nodeagent_enrollment_duration_seconds`, mean per pod in the window, µs).\n",
+        windows[0].range.1 - windows[0].range.0
+    );
+    let _ = writeln!(
+        s,
+        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | agent phases, mean µs |\n|---|---:|---:|---:|---|"
+    );
+    for w in windows {
+        let _ = writeln!(
+            s,
+            "| {}–{} | {} | {} | {} | {} |",
+            w.range.0 + 1,
+            w.range.1,
+            us(w.ours),
+            us(w.chain),
+            us(w.added()),
+            w.phases
+        );
+    }
+    let (first, last) = (&windows[0], &windows[windows.len() - 1]);
+    let added = ratio(last.added(), first.added());
+    let whole = ratio(last.ours, first.ours);
+    let _ = writeln!(
+        s,
+        "\n- Added by istio-cni and the agent, pods {}–{n} against pods 1–{}: {added:.2}× (target ≤1.2×: {}).\n\
+         - ADD → annotation including the chain: {whole:.2}× (the bridge and host-local's own growth: {:.2}×).",
+        last.range.0 + 1,
+        first.range.1,
+        if added <= 1.2 { "met" } else { "NOT met" },
+        ratio(last.chain, first.chain),
+    );
+    s
+}
+
+/// The concurrent run's figures.
+struct Concurrent {
+    throughput: f64,
+    latency: Summary,
+}
+
+/// `n` pods on a fresh node, [`CONCURRENT`] workers each adding its share one after the other.
+fn concurrent_run(n: usize) -> Concurrent {
+    let node = AmbientNode::start(RuleBackend::Nftables, Some(SUBNET));
+    let start = Instant::now();
+    let (pods, latencies): (Vec<_>, Vec<_>) = std::thread::scope(|scope| {
+        let node = &node;
+        let workers: Vec<_> = (0..CONCURRENT)
+            .map(|w| {
+                scope.spawn(move || {
+                    (w..n).step_by(CONCURRENT).map(|i| node.add_pod(&format!("c{i}"))).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a worker panicked")).unzip()
+    });
+    until(start, "the proxy runs every concurrently added pod", || proxy_active(&node) == Some(n as f64));
+    let took = start.elapsed();
+    drop(pods);
+    Concurrent { throughput: n as f64 / took.as_secs_f64(), latency: Summary::of(&latencies) }
 }
 
 /// One agent's figures at scale.
