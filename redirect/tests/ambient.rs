@@ -376,6 +376,9 @@ fn reused_ip_keeps_new_owner(backend: Backend) {
     }
     probe.remove("new-pod", &[ip]).expect("remove new");
     assert_eq!(probe.entries().unwrap(), want[1..], "{backend}");
+    // An address that is no element (a pod removed twice, or never added) is nothing to remove.
+    probe.remove("other-pod", &["10.1.0.99".parse().unwrap(), v6]).expect("remove addresses that are not there");
+    assert_eq!(probe.entries().unwrap(), want[1..], "{backend}");
 }
 
 /// A pod with one new IP and one another pod had, in the same family: both end up the pod's, the other pod's

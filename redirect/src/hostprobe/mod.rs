@@ -309,17 +309,21 @@ impl HostProbe {
                             mine.iter().map(|ip| Element { addr: *ip, comment: Some(pod_uid.to_string()) }).collect();
                         // A new pod's IPs are not elements yet: one create, without reading the set, so the cost
                         // does not grow with the pods already on the node (#31). Only when one is there (an IP
-                        // reused, or the same pod again) is the set read to find the entries to take over.
+                        // reused, or the same pod again, as after the agent's restart) are those addresses looked
+                        // up, one by one (never the whole set), to find the entries to take over.
                         match set::create(NFT_TABLE, &name, &new) {
                             Ok(()) => continue,
                             Err(e) if e.is_already_exists() => {}
                             Err(e) => return Err(e.into()),
                         }
-                        let current = set::elements(NFT_TABLE, &name)?.unwrap_or_default();
-                        let stale: Vec<Element> = current
-                            .into_iter()
-                            .filter(|e| mine.contains(&e.addr) && e.comment.as_deref() != Some(pod_uid))
-                            .collect();
+                        let mut stale = Vec::new();
+                        for ip in &mine {
+                            if let Some(e) = set::element_of(NFT_TABLE, &name, *ip)? {
+                                if e.comment.as_deref() != Some(pod_uid) {
+                                    stale.push(e);
+                                }
+                            }
+                        }
                         set::change(NFT_TABLE, &name, &stale, &new)?;
                     }
                 }
@@ -332,11 +336,30 @@ impl HostProbe {
     /// (the IP was reused) stays.
     pub fn remove(&self, pod_uid: &str, ips: &[IpAddr]) -> Result<(), HostProbeError> {
         let ips: Vec<IpAddr> = ips.iter().map(|ip| ip.to_canonical()).collect();
-        let theirs: Vec<ProbeEntry> = self
-            .entries()?
-            .into_iter()
-            .filter(|e| ips.contains(&e.ip) && e.pod_uid.as_deref() == Some(pod_uid))
-            .collect();
+        let theirs: Vec<ProbeEntry> = match self.backend {
+            // ipset has no lookup that returns an entry's comment: the set is listed.
+            Backend::Iptables(_) => self
+                .entries()?
+                .into_iter()
+                .filter(|e| ips.contains(&e.ip) && e.pod_uid.as_deref() == Some(pod_uid))
+                .collect(),
+            // Each address looked up by itself: the cost does not grow with the pods on the node (#31).
+            Backend::Nftables => {
+                let families: Vec<(IpAddr, Family)> =
+                    ips.iter().filter_map(|ip| Some((*ip, self.family_of(*ip).ok()?))).collect();
+                self.netns.run(|| -> Result<Vec<ProbeEntry>, HostProbeError> {
+                    let mut theirs = Vec::new();
+                    for (ip, family) in families {
+                        if let Some(e) = set::element_of(NFT_TABLE, &set_name(family), ip)? {
+                            if e.comment.as_deref() == Some(pod_uid) {
+                                theirs.push(ProbeEntry { ip, pod_uid: e.comment });
+                            }
+                        }
+                    }
+                    Ok(theirs)
+                })??
+            }
+        };
         let backend = self.backend;
         self.netns.run(|| -> Result<(), HostProbeError> {
             for e in &theirs {

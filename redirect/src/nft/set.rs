@@ -1,10 +1,11 @@
 //! Named address sets of an `inet` table (`type ipv4_addr` / `ipv6_addr`) whose elements carry a comment, over
-//! netlink: create the sets with a base chain that uses them, add and delete elements, and dump them.
+//! netlink: create the sets with a base chain that uses them, add and delete elements, look one up by its address,
+//! and dump them.
 
 use std::io;
 use std::net::IpAddr;
 
-use netns::netlink::uapi::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
+use netns::netlink::uapi::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST};
 
 use super::attr::{attrs, c_string, ip_addr, Writer};
 use super::layout::NftChain;
@@ -166,6 +167,29 @@ pub(crate) fn elements(table: &str, set: &str) -> Result<Option<Vec<Element>>, N
         End::Errno(libc::ENOENT) => Ok(None),
         End::Errno(errno) => Err(NftError::Rejected {
             object: format!("dump of set inet {table} {set}"),
+            source: io::Error::from_raw_os_error(errno),
+        }),
+    }
+}
+
+/// The element of `set` in `table` (calling thread's netns) whose address is `addr`, with its comment; `Ok(None)`
+/// if there is none (or no such set). One request for one key (`nft get element`): the cost does not grow with
+/// the set's size, as a dump's does.
+pub(crate) fn element_of(table: &str, set: &str, addr: IpAddr) -> Result<Option<Element>, NftError> {
+    let mut w = Writer::default();
+    let key = Element { addr, comment: None };
+    w.message((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM, NLM_F_REQUEST | NLM_F_ACK, 1, NFPROTO_INET, 0, |w| {
+        w.string(NFTA_SET_ELEM_LIST_TABLE, table);
+        w.string(NFTA_SET_ELEM_LIST_SET, set);
+        w.nest(NFTA_SET_ELEM_LIST_ELEMENTS, |w| w.nest(NFTA_LIST_ELEM, |w| element(w, &key, true)));
+    });
+    let steps = Steps { send: "send set element get request", receive: "receive set element" };
+    let mut out = Vec::new();
+    match exchange(w.bytes(), steps, |_, msg| parse_elements(msg, &mut out))? {
+        End::Done | End::Errno(0) => Ok(out.into_iter().find(|e| e.addr == addr)),
+        End::Errno(libc::ENOENT) => Ok(None),
+        End::Errno(errno) => Err(NftError::Rejected {
+            object: format!("get element inet {table} {set} {{ {addr} }}"),
             source: io::Error::from_raw_os_error(errno),
         }),
     }
