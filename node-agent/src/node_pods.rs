@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt as _};
 use tokio::sync::{mpsc, watch};
 
 /// One event of the shared watch, as every consumer receives it (shared, not copied per consumer).
@@ -102,7 +102,13 @@ impl NodePods {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
         // Without a backoff a failing watch is retried at once, in a loop: an API outage would pin a core and
         // flood the log and the API server. kube's default: 0.8 s doubling to 30 s, reset by the next event.
-        let events = watcher::watcher(self.api, config).default_backoff().reflect(self.writer);
+        // The store keeps every pod of the node for as long as it runs: not its `managedFields`, which nothing
+        // here reads and which on a real cluster are often the largest part of a pod object (several KiB per
+        // field manager, each controller and `kubectl apply` adding its own).
+        let events = watcher::watcher(self.api, config)
+            .default_backoff()
+            .modify(|pod| pod.managed_fields_mut().clear())
+            .reflect(self.writer);
         let mut events = pin!(events);
         while let Some(event) = events.next().await {
             match event {
@@ -186,6 +192,27 @@ mod tests {
         let names: Vec<_> = store.state().iter().filter_map(|p| p.metadata.name.clone()).collect();
         assert_eq!(names, ["new"]);
         assert!(store.get(&ObjectRef::new("new").within("ns")).is_some());
+    }
+
+    #[tokio::test]
+    async fn the_store_keeps_each_pod_without_its_managed_fields() {
+        let server = FakeApiServer::start().unwrap();
+        let mut object = pod("here", "node-1");
+        object["metadata"]["annotations"] = json!({ "kept": "yes" });
+        object["metadata"]["managedFields"] = json!([{
+            "manager": "kubectl-client-side-apply", "operation": "Update", "apiVersion": "v1",
+            "fieldsType": "FieldsV1", "fieldsV1": { "f:metadata": { "f:annotations": { ".": {}, "f:kept": {} } } },
+        }]);
+        server.upsert(object).unwrap();
+        assert!(server.get("Pod", Some("ns"), "here").unwrap()["metadata"]["managedFields"].is_array());
+        let mut pods = NodePods::new(client(&server).await, "node-1");
+        let mut events = pods.subscribe();
+        let store = events.store();
+        tokio::spawn(pods.run());
+        expect(&mut events, &["init", "init-apply here", "init-done"]).await;
+        let stored = store.get(&ObjectRef::new("here").within("ns")).expect("the pod is in the store");
+        assert!(stored.metadata.managed_fields.as_ref().is_none_or(Vec::is_empty), "{:?}", stored.metadata);
+        assert_eq!(stored.annotations().get("kept").map(String::as_str), Some("yes"), "the rest is kept");
     }
 
     #[tokio::test]
