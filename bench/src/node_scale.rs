@@ -147,7 +147,7 @@ pub fn run(counts: Counts) -> Section {
     }
     let chain_only = testbed::NetworkConfigList::from_value(plain).expect("the chain without istio-cni");
 
-    println!("node-scale: enrolling {n} pods (and every {CHAIN_EVERY}th, one pod without istio-cni)");
+    println!("node-scale: enrolling {n} pods (and after one in every {CHAIN_EVERY}, a pod without istio-cni)");
     let windows = windows(n);
     let mut chain: Vec<(usize, Duration)> = Vec::new();
     let mut phases_at = Vec::new();
