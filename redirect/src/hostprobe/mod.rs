@@ -307,24 +307,40 @@ impl HostProbe {
                     Backend::Nftables => {
                         let new: Vec<Element> =
                             mine.iter().map(|ip| Element { addr: *ip, comment: Some(pod_uid.to_string()) }).collect();
-                        // A new pod's IPs are not elements yet: one create, without reading the set, so the cost
-                        // does not grow with the pods already on the node (#31). Only when one is there (an IP
-                        // reused, or the same pod again, as after the agent's restart) are those addresses looked
-                        // up, one by one (never the whole set), to find the entries to take over.
-                        match set::create(NFT_TABLE, &name, &new) {
-                            Ok(()) => continue,
-                            Err(e) if e.is_already_exists() => {}
-                            Err(e) => return Err(e.into()),
-                        }
+                        // Each address is looked up by itself (`get element`, never the whole set): then only
+                        // the missing ones are created, and an address another pod had (reused) is taken over.
+                        // Nothing here grows with the pods already on the node (#31), and a pod added again (the
+                        // agent's restart) changes nothing: a create the kernel refuses (EEXIST) aborts the
+                        // transaction, and an abort or a delete costs an RCU grace period (about 13 ms), so
+                        // neither happens on the common paths.
                         let mut stale = Vec::new();
-                        for ip in &mine {
-                            if let Some(e) = set::element_of(NFT_TABLE, &name, *ip)? {
-                                if e.comment.as_deref() != Some(pod_uid) {
-                                    stale.push(e);
+                        let mut missing = Vec::new();
+                        for e in &new {
+                            match set::element_of(NFT_TABLE, &name, e.addr)? {
+                                None => missing.push(e.clone()),
+                                Some(old) if old.comment.as_deref() != Some(pod_uid) => {
+                                    stale.push(old);
+                                    missing.push(e.clone());
                                 }
+                                Some(_) => {}
                             }
                         }
-                        set::change(NFT_TABLE, &name, &stale, &new)?;
+                        if stale.is_empty() {
+                            match set::create(NFT_TABLE, &name, &missing) {
+                                Ok(()) => continue,
+                                // Another writer added one of them meanwhile: take it over below.
+                                Err(e) if e.is_already_exists() => {}
+                                Err(e) => return Err(e.into()),
+                            }
+                            stale = missing
+                                .iter()
+                                .filter_map(|e| set::element_of(NFT_TABLE, &name, e.addr).transpose())
+                                .collect::<Result<Vec<_>, _>>()?
+                                .into_iter()
+                                .filter(|old| old.comment.as_deref() != Some(pod_uid))
+                                .collect();
+                        }
+                        set::change(NFT_TABLE, &name, &stale, &missing)?;
                     }
                 }
             }
