@@ -53,7 +53,7 @@ impl Scenario {
             Scenario::AmbientEnroll => Counts { warmup: 5, iterations: 50 },
             Scenario::HboneThroughput => Counts { warmup: 1, iterations: 5 },
             Scenario::HboneLatency => Counts { warmup: 200, iterations: 2000 },
-            Scenario::NodeScale => Counts { warmup: 0, iterations: 1000 },
+            Scenario::NodeScale => Counts { warmup: 10, iterations: 1000 },
         }
     }
 
@@ -67,7 +67,7 @@ impl Scenario {
             Scenario::AmbientEnroll => Counts { warmup: 1, iterations: 3 },
             Scenario::HboneThroughput => Counts { warmup: 0, iterations: 1 },
             Scenario::HboneLatency => Counts { warmup: 10, iterations: 100 },
-            Scenario::NodeScale => Counts { warmup: 0, iterations: 20 },
+            Scenario::NodeScale => Counts { warmup: 1, iterations: 20 },
         }
     }
 }
