@@ -44,6 +44,7 @@ use testbed::istio_agent::{istio_built, IstioAgent};
 use testbed::kubelet::KUBELET_UID;
 use testbed::mesh::{plain_pod, sidecar_pod};
 use testbed::node_agent::{namespace, netns_id, redirection, NodeAgent, Received, RequestKind, ZdsPeer};
+use testbed::rule_dump::{normalize_iptables_save, normalize_nft_ruleset};
 use testbed::wait::eventually;
 use testbed::{Cluster, NetnsGuard, Pod};
 
@@ -478,82 +479,12 @@ fn sections(ns: &NetnsGuard, script: &str) -> BTreeMap<String, String> {
             let (name, body) = part.split_once('\n').unwrap_or((part, ""));
             let body = match name {
                 "ipset" => normalize_ipset(body),
-                "nft" => normalize_nft(body),
-                _ => normalize(body),
+                "nft" => normalize_nft_ruleset(body),
+                _ => normalize_iptables_save(body),
             };
             (name.to_owned(), body)
         })
         .collect()
-}
-
-/// `iptables-save` output without comment lines and counters, each table's chain declarations in name order and
-/// its rules grouped by chain (in their order within the chain).
-fn normalize(dump: &str) -> String {
-    let mut out = Vec::new();
-    type Table = (String, Vec<String>, BTreeMap<String, Vec<String>>);
-    let mut table: Option<Table> = None;
-    for line in dump.lines().map(str::trim_end) {
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        if let Some(name) = line.strip_prefix('*') {
-            table = Some((name.to_owned(), Vec::new(), BTreeMap::new()));
-        } else if let Some((_, decls, rules)) = table.as_mut().filter(|_| line != "COMMIT") {
-            if let Some(decl) = line.strip_prefix(':') {
-                decls.push(decl.rsplit_once(" [").map_or(decl, |(d, _)| d).to_owned());
-            } else {
-                let chain = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
-                rules.entry(chain).or_default().push(line.to_owned());
-            }
-        } else if line == "COMMIT" {
-            let (name, mut decls, rules) = table.take().unwrap();
-            decls.sort();
-            out.push(format!("*{name}"));
-            out.extend(decls.into_iter().map(|d| format!(":{d}")));
-            out.extend(rules.into_values().flatten());
-            out.push("COMMIT".into());
-        } else {
-            out.push(line.to_owned());
-        }
-    }
-    out.join("\n")
-}
-
-/// `nft list ruleset` without counter values, each table's chains and sets in name order (rules keep their order
-/// within a chain), tables in name order.
-fn normalize_nft(dump: &str) -> String {
-    let mut tables: Vec<(String, Vec<Vec<String>>)> = Vec::new();
-    let mut block: Option<Vec<String>> = None;
-    for line in dump.lines().map(str::trim_end).filter(|l| !l.trim().is_empty() && !l.trim().starts_with('#')) {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        // "counter packets N bytes M" -> "counter"
-        let kept = words.iter().enumerate().filter(|(i, w)| {
-            !(matches!(**w, "packets" | "bytes") || *i > 0 && matches!(words[i - 1], "packets" | "bytes"))
-        });
-        let indent = &line[..line.len() - line.trim_start().len()];
-        let line = format!("{indent}{}", kept.map(|(_, w)| *w).collect::<Vec<_>>().join(" "));
-        if line.starts_with("table ") {
-            tables.push((line, Vec::new()));
-        } else if line == "}" {
-            // the end of the table
-        } else if let Some(b) = block.as_mut() {
-            b.push(line.clone());
-            if line.starts_with("\t}") && !line.starts_with("\t\t") {
-                tables.last_mut().expect("a block inside a table").1.push(block.take().unwrap());
-            }
-        } else {
-            block = Some(vec![line]);
-        }
-    }
-    tables.sort();
-    let mut out = Vec::new();
-    for (header, mut blocks) in tables {
-        blocks.sort();
-        out.push(header);
-        out.extend(blocks.into_iter().flatten());
-        out.push("}".into());
-    }
-    out.join("\n")
 }
 
 /// `ipset list` without what differs from run to run (memory size, the hash's random `initval`), members sorted.

@@ -23,6 +23,7 @@ use istio_contract::names;
 use serde_json::{json, Value};
 use testbed::mesh::{annotate, proxy_env, sidecar_pod};
 use testbed::node::pod_attachment;
+use testbed::rule_dump::{normalize_iptables_save, normalize_nft_ruleset};
 use testbed::runtime::{NetworkConfigList, RuntimeError};
 use testbed::{Cluster, NetnsGuard};
 
@@ -118,47 +119,10 @@ fn dump(ns: &NetnsGuard, nft: bool) -> Dump {
     let mut sections = BTreeMap::new();
     for part in text.split("## ").filter(|p| !p.is_empty()) {
         let (name, body) = part.split_once('\n').unwrap_or((part, ""));
-        let body = if name == "nft" { normalize_nft(body) } else { normalize(body) };
+        let body = if name == "nft" { normalize_nft_ruleset(body) } else { normalize_iptables_save(body) };
         sections.insert(name.to_string(), body);
     }
     Dump(sections)
-}
-
-/// `nft list ruleset` with counter values dropped and, within each table, its chains and sets in name order (rules
-/// keep their order within a chain); tables in name order.
-fn normalize_nft(dump: &str) -> String {
-    let mut tables: Vec<(String, Vec<Vec<String>>)> = Vec::new();
-    let mut block: Option<Vec<String>> = None;
-    for line in dump.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()) {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        // "counter packets N bytes M" -> "counter"
-        let kept = words.iter().enumerate().filter(|(i, w)| {
-            !(matches!(**w, "packets" | "bytes") || *i > 0 && matches!(words[i - 1], "packets" | "bytes"))
-        });
-        let indent = &line[..line.len() - line.trim_start().len()];
-        let line = format!("{indent}{}", kept.map(|(_, w)| *w).collect::<Vec<_>>().join(" "));
-        if line.starts_with("table ") {
-            tables.push((line, Vec::new()));
-        } else if line == "}" {
-            // end of the table
-        } else if let Some(b) = block.as_mut() {
-            b.push(line.clone());
-            if line.trim() == "}" && line.starts_with("\t}") && !line.starts_with("\t\t") {
-                tables.last_mut().unwrap().1.push(block.take().unwrap());
-            }
-        } else {
-            block = Some(vec![line]);
-        }
-    }
-    tables.sort();
-    let mut out = Vec::new();
-    for (header, mut blocks) in tables {
-        blocks.sort();
-        out.push(header);
-        out.extend(blocks.into_iter().flatten());
-        out.push("}".into());
-    }
-    out.join("\n")
 }
 
 /// A netns's state by section; IPv6 sections are those named `ip6…`, `… -6 …`, `route6 …` and `lo6`.
@@ -238,41 +202,6 @@ impl Dump {
     fn text(&self) -> String {
         self.0.iter().map(|(k, v)| format!("## {k}\n{v}")).collect::<Vec<_>>().join("\n")
     }
-}
-
-/// iptables-save output with comment lines and counters dropped and chains in name order (rules keep their
-/// order within a chain); other output as it is.
-fn normalize(dump: &str) -> String {
-    let mut out = Vec::new();
-    // Per table: its name, chain declarations and each chain's rules.
-    type Table = (String, Vec<String>, BTreeMap<String, Vec<String>>);
-    let mut table: Option<Table> = None;
-    for line in dump.lines().map(str::trim_end) {
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        if let Some(name) = line.strip_prefix('*') {
-            table = Some((name.to_string(), Vec::new(), BTreeMap::new()));
-        } else if let Some((_, decls, rules)) = table.as_mut().filter(|_| line != "COMMIT") {
-            if let Some(decl) = line.strip_prefix(':') {
-                // ":CHAIN POLICY [packets:bytes]"
-                decls.push(decl.rsplit_once(" [").map_or(decl, |(d, _)| d).to_string());
-            } else {
-                let chain = line.split_whitespace().nth(1).unwrap_or_default().to_string();
-                rules.entry(chain).or_default().push(line.to_string());
-            }
-        } else if line == "COMMIT" {
-            let (name, mut decls, rules) = table.take().unwrap();
-            decls.sort();
-            out.push(format!("*{name}"));
-            out.extend(decls.into_iter().map(|d| format!(":{d}")));
-            out.extend(rules.into_values().flatten());
-            out.push("COMMIT".into());
-        } else {
-            out.push(line.to_string());
-        }
-    }
-    out.join("\n")
 }
 
 /// One generated (or hand-picked) pod and whether it gets an IPv6 address.

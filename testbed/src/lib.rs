@@ -20,6 +20,7 @@ pub mod pod_process;
 pub mod podman;
 pub mod real_apiserver;
 pub mod real_node;
+pub mod rule_dump;
 pub mod runtime;
 pub mod spy;
 pub mod tcp;
