@@ -18,6 +18,10 @@ pub struct IstioBinary {
 
 /// Istio's built `name` (e.g. `istio-cni`), or why it is not there (the reason names the script that builds it).
 pub fn binary(name: &str) -> Result<IstioBinary, String> {
+    // As for the test suite (scripts/test.sh): `ISTIO_REF=0` leaves Istio's binaries out of the run.
+    if std::env::var("ISTIO_REF").is_ok_and(|v| v == "0") {
+        return Err("ISTIO_REF=0 left Istio's binaries out of this run".into());
+    }
     let script: PathBuf = [env!("CARGO_MANIFEST_DIR"), "..", "scripts", "istio-ref", "build.sh"].iter().collect();
     let dir = PathBuf::from(ask(&script, "bin-dir")?);
     let path = dir.join(name);
