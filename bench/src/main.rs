@@ -126,7 +126,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::HboneThroughput => throughput::throughput(counts),
             Scenario::HboneLatency => hbone::latency(counts),
             Scenario::NodeScale => node_scale::run(counts),
-            Scenario::Fleet => fleet::run(counts),
+            Scenario::Fleet => fleet::run(counts, args.quick),
         };
         if args.quick {
             println!("\n{}", section.render_as("`scripts/bench.sh --quick` (debug build, few rounds: not comparable)"));

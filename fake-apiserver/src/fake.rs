@@ -156,11 +156,7 @@ impl FakeApiServer {
     /// The serving certificate names only the first listener's address and [`Config::tls_sans`], so bind the
     /// same address (in another namespace) for https. Dropping the returned server closes only this
     /// listener and its connections; watches served by the others go on.
-    pub fn another_front_end(
-        &self,
-        listener: std::net::TcpListener,
-        front_end: &str,
-    ) -> Result<FakeApiServer, Error> {
+    pub fn another_front_end(&self, listener: std::net::TcpListener, front_end: &str) -> Result<FakeApiServer, Error> {
         let wildcard = SocketAddr::from(([0, 0, 0, 0], 0));
         let bound = listener.local_addr().map_err(|source| Error::Bind { addr: wildcard, source })?;
         listener.set_nonblocking(true).map_err(|source| Error::Bind { addr: bound, source })?;

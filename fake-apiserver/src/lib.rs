@@ -81,8 +81,8 @@ pub use config::{Config, WatchConfig};
 pub use fake::{Builder, FakeApiServer};
 pub use kubeconfig::{kubeconfig_yaml, kubeconfig_yaml_with};
 pub use seed::parse_objects;
-pub use traffic::TrafficRecord;
 pub use server::serve;
+pub use traffic::TrafficRecord;
 
 use std::path::{Path, PathBuf};
 
