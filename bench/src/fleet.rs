@@ -117,10 +117,46 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// Polls `probe` every 10 ms until it holds, or panics naming `what` after [`LIMIT`].
 fn until(what: &str, probe: impl FnMut() -> Option<()>) {
+    until_every(what, Duration::from_millis(10), probe);
+}
+
+/// [`until`], polling every `interval`: for probes that read every proxy's `/config_dump` (thousands of
+/// workloads each), which polled every 10 ms would starve the proxies they wait for.
+fn until_every(what: &str, interval: Duration, probe: impl FnMut() -> Option<()>) {
     let since = Instant::now();
-    if testbed::wait::within(since, LIMIT, probe).is_none() {
+    if testbed::wait::within_every(since, LIMIT, interval, probe).is_none() {
         panic!("fleet: {what}: not within {LIMIT:?}");
     }
+}
+
+/// How often the probes that read `/config_dump` poll.
+const DUMP_POLL: Duration = Duration::from_millis(500);
+
+/// Waits until the server has sent every proxy's pod watch `events` events since the counters were cleared
+/// (cheap: the server's own counters), then until every proxy's directory lists `listed` pods.
+fn until_listed(fleet: &Fleet, nodes: &[SimNode], events: u64, listed: usize) {
+    until("the server sent every proxy its pod events", || {
+        let sent = fleet.api.traffic();
+        nodes
+            .iter()
+            .all(|n| {
+                sent.iter()
+                    .filter(|r| r.front_end == n.name && Component::of(r) == Component::Proxy && r.resource == "pods")
+                    .map(|r| r.objects)
+                    .sum::<u64>()
+                    >= events
+            })
+            .then_some(())
+    });
+    let mut last = Vec::new();
+    until_every("every proxy lists the pods", DUMP_POLL, || {
+        let state: Vec<_> = nodes.iter().map(|n| n.proxy.kubernetes_addresses()).collect();
+        if state != last {
+            println!("fleet: pods listed per proxy: {state:?}");
+            last = state;
+        }
+        last.iter().all(|n| *n == Some(listed)).then_some(())
+    });
 }
 
 /// The components the server tells apart.
@@ -310,7 +346,7 @@ pub fn run(counts: Counts, quick: bool) -> Section {
             pods.push((k, name, added));
         }
     }
-    until("every proxy runs its node's pods and lists every enrolled pod", || {
+    until_every("every proxy runs its node's pods and lists every enrolled pod", DUMP_POLL, || {
         nodes
             .iter()
             .all(|n| n.proxy_active() == Some(per_node) && n.proxy.kubernetes_addresses() == Some(enrolled))
@@ -323,9 +359,7 @@ pub fn run(counts: Counts, quick: bool) -> Section {
     for i in 0..remote {
         fleet.api.upsert(remote_pod(i)).expect("store a pod of another node");
     }
-    until("every proxy lists every pod of the cluster", || {
-        nodes.iter().all(|n| n.proxy.kubernetes_addresses() == Some(enrolled + remote)).then_some(())
-    });
+    until_listed(&fleet, &nodes, remote as u64, enrolled + remote);
     let (remote_records, remote_tally) = take(&fleet);
     let rss_remote = rss(&nodes);
 
@@ -341,7 +375,7 @@ pub fn run(counts: Counts, quick: bool) -> Section {
         nodes[k].node.cluster.delete_pod(NS, &name, Some(&mut pod));
     }
     let mut last = Vec::new();
-    until("every proxy dropped the deleted pods", || {
+    until_every("every proxy dropped the deleted pods", DUMP_POLL, || {
         let state: Vec<_> = nodes.iter().map(|n| (n.proxy_active(), n.proxy.kubernetes_addresses())).collect();
         if state != last {
             println!("fleet: (pods running, pods listed) per proxy: {state:?}");
@@ -352,7 +386,7 @@ pub fn run(counts: Counts, quick: bool) -> Section {
     let (_, delete_tally) = take(&fleet);
     println!("fleet: restarting node-1's proxy, then its agent");
     nodes[0].restart_proxy();
-    until("the restarted proxy lists every pod", || {
+    until_every("the restarted proxy lists every pod", DUMP_POLL, || {
         (nodes[0].proxy.kubernetes_addresses() == Some(remote)).then_some(())
     });
     let (_, proxy_restart) = take(&fleet);
