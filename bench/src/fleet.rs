@@ -457,8 +457,87 @@ pub fn run(counts: Counts, quick: bool) -> Section {
     drop(nodes);
     drop(fleet);
     body.push('\n');
+    body.push_str(&real_sizes());
     body.push_str(&load::note(&load_start, &Load::sample()));
     Section { name: "fleet", title: format!("Fleet: {NODES} nodes × {per_node} pods on one API server"), body }
+}
+
+/// One pod's objects through the lifecycle the bench plays (stored by the scheduler, annotated by the agent,
+/// Running with an IP from the kubelet, then deleted gracefully), as the server answers each step: the size of
+/// the object a watcher is sent at each step. `call(method, path, body)` answers `(status, body)`.
+fn lifecycle_sizes(mut call: impl FnMut(&str, &str, &str) -> (u16, String)) -> Vec<usize> {
+    let path = format!("/api/v1/namespaces/{NS}/pods");
+    let mut pod = ambient_pod(NS, "sized");
+    pod["spec"]["nodeName"] = json!("node-1");
+    let mut sizes = Vec::new();
+    let mut step = |method: &str, path: &str, body: &serde_json::Value| {
+        let (status, answer) = call(method, path, &body.to_string());
+        assert!((200..300).contains(&status), "{method} {path}: {status} {answer}");
+        sizes.push(answer.len());
+        serde_json::from_str::<serde_json::Value>(&answer).expect("a JSON object")
+    };
+    let mut stored = step("POST", &path, &pod);
+    stored["metadata"]["annotations"] = json!({ names::AMBIENT_REDIRECTION: names::AMBIENT_REDIRECTION_ENABLED });
+    let mut stored = step("PUT", &format!("{path}/sized/status"), &stored);
+    stored["status"]["phase"] = json!("Running");
+    stored["status"]["podIP"] = json!("10.239.0.1");
+    stored["status"]["podIPs"] = json!([{ "ip": "10.239.0.1" }]);
+    step("PUT", &format!("{path}/sized/status"), &stored);
+    step("DELETE", &format!("{path}/sized"), &json!({}));
+    sizes
+}
+
+/// The same pod's lifecycle on the fake and on a real kube-apiserver 1.34 (with its default admission plugins
+/// and `managedFields`), when its binaries are built: how much larger a real server's pod objects are.
+fn real_sizes() -> String {
+    let Some(real) = testbed::real_apiserver::RealApiServer::start() else {
+        return "A real kube-apiserver was not available (`scripts/real-node/build.sh` not run): the pod sizes of \
+                a real server were not measured.\n"
+            .to_owned();
+    };
+    let admin = Some(testbed::real_apiserver::ADMIN_TOKEN);
+    let call = |method: &str, path: &str, body: &str| real.request(method, path, admin, body).expect("real apiserver");
+    let namespace_object = namespace(NS, json!({})).to_string();
+    assert!((200..300).contains(&call("POST", "/api/v1/namespaces", &namespace_object).0), "namespace created");
+    let account = json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": { "name": "default" } });
+    let _ = call("POST", &format!("/api/v1/namespaces/{NS}/serviceaccounts"), &account.to_string());
+    let real_sizes = lifecycle_sizes(call);
+    let fake = fake_apiserver::FakeApiServer::start().expect("a fake API server");
+    fake.upsert(namespace(NS, json!({}))).expect("store namespace");
+    let url = fake.url();
+    let fake_sizes = lifecycle_sizes(|method, path, body| {
+        let (status, answer) = fake_request(&url, method, path, body);
+        (status, answer)
+    });
+    let list = |sizes: &[usize]| sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(" / ");
+    let (r, f) = (real_sizes.iter().sum::<usize>() as f64, fake_sizes.iter().sum::<usize>() as f64);
+    format!(
+        "Pod object sizes, one pod through the bench's lifecycle (created with `spec.nodeName`, annotated, Running \
+         with an IP, deleted), each step's answer in bytes: fake {}; a real kube-apiserver 1.34 \
+         (`testbed::real_apiserver`: default admission plugins, `managedFields`) {}: the real server's objects are \
+         {:.1}× the fake's for the same pod. A kubelet-run pod is larger still (conditions, container statuses, \
+         more managers).\n",
+        list(&fake_sizes),
+        list(&real_sizes),
+        r / f.max(1.0)
+    )
+}
+
+/// One plain-http request to the lenient fake at `url`: `(status, body)`.
+fn fake_request(url: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the fake");
+    let head = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body.as_bytes())).expect("send to the fake");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).expect("read the fake's answer");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a header end");
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status");
+    (status, body.to_owned())
 }
 
 /// The field selector and timeout of every pod list and watch, per component (from the request log).
