@@ -54,7 +54,7 @@ async fn respond(cluster: Cluster, front_end: Arc<str>, req: Request<Incoming>) 
         cluster.log_answer(seq, info.verb(), user, status);
         let key = (front_end.to_string(), user.to_string(), info.verb().to_string(), info.resource());
         let (parts, body) = response.into_parts();
-        Response::from_parts(parts, cluster.traffic_counters().count(key, status, body))
+        Response::from_parts(parts, cluster.traffic_counters().count(key, status, body).boxed_unsync())
     };
     match cluster.fault() {
         Some(Fault::Refuse) => return Err(Refused),

@@ -8,9 +8,9 @@
 //! other 2xx answer carrying an object, and for a watch its ADDED, MODIFIED and DELETED events (BOOKMARKs are
 //! counted apart, ERROR events in neither).
 
-use crate::watch::Body;
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use hyper::body::Body;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -74,7 +74,12 @@ impl Traffic {
     }
 
     /// Counts one answered request and returns its body, which counts its bytes and objects as they are sent.
-    pub(crate) fn count(&self, key: Key, status: u16, body: Body) -> Body {
+    pub(crate) fn count<B: Body<Data = Bytes>>(
+        &self,
+        key: Key,
+        status: u16,
+        body: B,
+    ) -> impl Body<Data = Bytes, Error = B::Error> {
         self.update(&key, |r| r.requests += 1);
         let ok = (200..300).contains(&status);
         let verb = key.2.clone();
@@ -95,7 +100,6 @@ impl Traffic {
             }
             frame
         })
-        .boxed_unsync()
     }
 }
 
