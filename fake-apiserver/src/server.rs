@@ -1,6 +1,7 @@
 //! The HTTP layer: accepts connections (TLS when configured), and runs each request through the real server's
 //! filter order: request log, injected faults, authentication (401), throttling (429), authorization (403),
-//! then the router. It also ends graceful deletions whose grace period is over.
+//! then the router. Every answer is counted in the traffic counters of the front end (listener) it left by
+//! ([`crate::traffic`]). It also ends graceful deletions whose grace period is over.
 
 use crate::auth::{Unauthenticated, User};
 use crate::cluster::{Cluster, Fault, RequestRecord};
