@@ -6,6 +6,7 @@
 mod ambient_enroll;
 mod apps;
 mod attach;
+mod fleet;
 mod hbone;
 mod installer_repair;
 mod iperf;
@@ -41,6 +42,9 @@ enum Scenario {
     NodeScale,
     /// Time from a rival's conflist rewrite until install-cni has re-inserted our plugin.
     InstallerRepair,
+    /// Several nodes on one API server: each component's requests, watch events, bytes and memory, and the
+    /// model for 5,000 nodes × 100 pods (iterations: enrolled pods per node).
+    Fleet,
 }
 
 impl Scenario {
@@ -54,6 +58,7 @@ impl Scenario {
             Scenario::HboneThroughput => Counts { warmup: 1, iterations: 5 },
             Scenario::HboneLatency => Counts { warmup: 200, iterations: 2000 },
             Scenario::NodeScale => Counts { warmup: 10, iterations: 1000 },
+            Scenario::Fleet => Counts { warmup: 0, iterations: 25 },
         }
     }
 
@@ -68,6 +73,7 @@ impl Scenario {
             Scenario::HboneThroughput => Counts { warmup: 0, iterations: 1 },
             Scenario::HboneLatency => Counts { warmup: 10, iterations: 100 },
             Scenario::NodeScale => Counts { warmup: 1, iterations: 20 },
+            Scenario::Fleet => Counts { warmup: 0, iterations: 2 },
         }
     }
 }
@@ -120,6 +126,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::HboneThroughput => throughput::throughput(counts),
             Scenario::HboneLatency => hbone::latency(counts),
             Scenario::NodeScale => node_scale::run(counts),
+            Scenario::Fleet => fleet::run(counts, args.quick),
         };
         if args.quick {
             println!("\n{}", section.render_as("`scripts/bench.sh --quick` (debug build, few rounds: not comparable)"));

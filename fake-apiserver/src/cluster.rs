@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::kinds::{self, ResourceKind};
 use crate::store::{DeleteOptions, Store};
 use crate::tls::{self, Pki};
+use crate::traffic::{Traffic, TrafficRecord};
 use crate::{kubeconfig, Error};
 use serde::Serialize;
 use serde_json::Value;
@@ -94,6 +95,8 @@ struct Inner {
     throttle: Mutex<Option<Throttle>>,
     /// Watch streams open right now, by kind name (`Pod`); see [`Cluster::open_watches`].
     open_watches: Mutex<HashMap<&'static str, usize>>,
+    /// What was sent to whom: see [`Cluster::traffic`].
+    traffic: Traffic,
     tokens: Tokens,
     pki: Option<Pki>,
 }
@@ -151,6 +154,7 @@ impl Cluster {
                 fault: Mutex::new(None),
                 throttle: Mutex::new(None),
                 open_watches: Mutex::new(HashMap::new()),
+                traffic: Traffic::default(),
                 tokens,
                 pki,
             }),
@@ -237,6 +241,23 @@ impl Cluster {
     /// Forgets the request log, so a test can count only the requests after a point.
     pub fn clear_requests(&self) {
         lock(&self.inner.requests).clear();
+    }
+
+    /// What the server sent to its clients since it started or since [`Cluster::clear_traffic`], one record per
+    /// front end, user, verb and resource (see [`TrafficRecord`] for what each figure counts).
+    pub fn traffic(&self) -> Vec<TrafficRecord> {
+        self.inner.traffic.records()
+    }
+
+    /// Forgets the traffic counters, so a measurement can count only what was sent after a point (a watch
+    /// stream open across the point counts only its later frames).
+    pub fn clear_traffic(&self) {
+        self.inner.traffic.clear();
+    }
+
+    /// The traffic counters, for the HTTP layer.
+    pub(crate) fn traffic_counters(&self) -> &Traffic {
+        &self.inner.traffic
     }
 
     /// Injects `fault` into all following requests until called again with `None`.

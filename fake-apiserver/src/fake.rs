@@ -4,7 +4,8 @@
 use crate::auth::User;
 use crate::cluster::{Cluster, Fault, RequestRecord, Throttle};
 use crate::config::Config;
-use crate::{serve, write_file_atomically, Error};
+use crate::server::{serve_front_end, FrontEnd};
+use crate::{write_file_atomically, Error};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -25,6 +26,7 @@ pub struct Builder {
     config: Config,
     listen: Listen,
     objects: Vec<Value>,
+    front_end: String,
 }
 
 impl Builder {
@@ -54,6 +56,12 @@ impl Builder {
         self
     }
 
+    /// Names this server's listener in [`Cluster::traffic`] (default: empty).
+    pub fn front_end(mut self, name: &str) -> Builder {
+        self.front_end = name.to_string();
+        self
+    }
+
     /// Binds, creates or loads the TLS material and keys, and starts serving on a thread of its own. The
     /// listen address (unless a wildcard) is added to the serving certificate's names.
     pub fn start(self) -> Result<FakeApiServer, Error> {
@@ -73,22 +81,36 @@ impl Builder {
         for object in self.objects {
             cluster.upsert(object)?;
         }
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
-        let (shutdown, stop) = oneshot::channel::<()>();
-        let served = cluster.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("fake-apiserver-{}", bound.port()))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => serve(listener, served, async { stop.await.unwrap_or(()) }).await,
-                        Err(e) => tracing::error!("fake apiserver listener unusable: {e}"),
-                    }
-                });
-            })
-            .map_err(Error::Runtime)?;
-        Ok(FakeApiServer { addr: bound, tls, cluster, shutdown: Some(shutdown), thread: Some(thread) })
+        let front_end = FrontEnd { name: self.front_end.into(), owns_watches: true };
+        spawn(listener, bound, tls, cluster, front_end)
     }
+}
+
+/// Serves `cluster` on `listener` (bound to `bound`) as `front_end`, on a thread and runtime of its own.
+fn spawn(
+    listener: std::net::TcpListener,
+    bound: SocketAddr,
+    tls: bool,
+    cluster: Cluster,
+    front_end: FrontEnd,
+) -> Result<FakeApiServer, Error> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
+    let (shutdown, stop) = oneshot::channel::<()>();
+    let served = cluster.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("fake-apiserver-{}", bound.port()))
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        serve_front_end(listener, served, front_end, async { stop.await.unwrap_or(()) }).await
+                    }
+                    Err(e) => tracing::error!("fake apiserver listener unusable: {e}"),
+                }
+            });
+        })
+        .map_err(Error::Runtime)?;
+    Ok(FakeApiServer { addr: bound, tls, cluster, shutdown: Some(shutdown), thread: Some(thread) })
 }
 
 /// A fake apiserver running on its own thread and runtime, so plain `#[test]`s can use it.
@@ -109,6 +131,7 @@ impl FakeApiServer {
             config: Config::default(),
             listen: Listen::Addr(SocketAddr::from(([127, 0, 0, 1], 0))),
             objects: Vec::new(),
+            front_end: String::new(),
         }
     }
 
@@ -125,6 +148,20 @@ impl FakeApiServer {
     /// Serves leniently on an already bound listener (see [`Builder::listener`]).
     pub fn start_with_listener(listener: std::net::TcpListener) -> Result<FakeApiServer, Error> {
         FakeApiServer::builder().listener(listener).start()
+    }
+
+    /// One more listener for this server's cluster (same store, watches, tokens, request log and traffic
+    /// counters), on a thread of its own and named `front_end` in [`Cluster::traffic`]: e.g. one in each of
+    /// several test nodes' network namespaces, so every node reaches the one API server on its own loopback.
+    /// The serving certificate names only the first listener's address and [`Config::tls_sans`], so bind the
+    /// same address (in another namespace) for https. Dropping the returned server closes only this
+    /// listener and its connections; watches served by the others go on.
+    pub fn another_front_end(&self, listener: std::net::TcpListener, front_end: &str) -> Result<FakeApiServer, Error> {
+        let wildcard = SocketAddr::from(([0, 0, 0, 0], 0));
+        let bound = listener.local_addr().map_err(|source| Error::Bind { addr: wildcard, source })?;
+        listener.set_nonblocking(true).map_err(|source| Error::Bind { addr: bound, source })?;
+        let name = FrontEnd { name: front_end.into(), owns_watches: false };
+        spawn(listener, bound, self.tls, self.cluster.clone(), name)
     }
 
     /// The address the server listens on.
@@ -223,6 +260,16 @@ impl FakeApiServer {
     /// See [`Cluster::clear_requests`].
     pub fn clear_requests(&self) {
         self.cluster.clear_requests();
+    }
+
+    /// See [`Cluster::traffic`].
+    pub fn traffic(&self) -> Vec<crate::TrafficRecord> {
+        self.cluster.traffic()
+    }
+
+    /// See [`Cluster::clear_traffic`].
+    pub fn clear_traffic(&self) {
+        self.cluster.clear_traffic();
     }
 
     /// See [`Cluster::set_fault`].

@@ -22,7 +22,9 @@
 //!   a subject's older tokens after [`Config::token_rotation_grace`].
 //! - **RBAC** ([`Config::rbac`]): the stored ClusterRoles, Roles and their bindings are enforced (403 with a
 //!   `Status` body). Every request is logged with its verb, user and status ([`Cluster::requests`], and
-//!   `GET /fake/requests`), so a test can assert that nothing was refused.
+//!   `GET /fake/requests`), so a test can assert that nothing was refused; what each client was sent (requests,
+//!   bytes, list items and watch events per front end, user, verb and resource) is summed in
+//!   [`Cluster::traffic`].
 //! - **Graceful deletion** ([`Config::graceful_deletion`]): `deletionTimestamp`, grace periods and finalizers.
 //! - **Watches** ([`WatchConfig`]): server-side timeouts, compacted history (410 for expired versions, also
 //!   for versions the server never issued) and the bookmark interval.
@@ -70,6 +72,7 @@ mod state;
 mod status;
 mod store;
 mod tls;
+mod traffic;
 mod watch;
 
 pub use auth::{User, ADMIN_USER, MASTERS_GROUP};
@@ -79,6 +82,7 @@ pub use fake::{Builder, FakeApiServer};
 pub use kubeconfig::{kubeconfig_yaml, kubeconfig_yaml_with};
 pub use seed::parse_objects;
 pub use server::serve;
+pub use traffic::TrafficRecord;
 
 use std::path::{Path, PathBuf};
 

@@ -81,6 +81,24 @@ impl RequestInfo {
         }
     }
 
+    /// `resource[/subresource]`, with `.group` when not core (`pods/status`, `daemonsets.apps`), or the path
+    /// of a non-resource request.
+    pub fn resource(&self) -> String {
+        match self {
+            RequestInfo::Resource { group, resource, subresource, .. } => {
+                let mut name = resource.clone();
+                if !group.is_empty() {
+                    name = format!("{name}.{group}");
+                }
+                if !subresource.is_empty() {
+                    name = format!("{name}/{subresource}");
+                }
+                name
+            }
+            RequestInfo::NonResource { path, .. } => path.clone(),
+        }
+    }
+
     /// The RBAC verb (`get`, `list`, `watch`, `create`, ...; the lower-case method for non-resource paths).
     pub fn verb(&self) -> &str {
         match self {

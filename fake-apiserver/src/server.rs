@@ -1,6 +1,7 @@
 //! The HTTP layer: accepts connections (TLS when configured), and runs each request through the real server's
 //! filter order: request log, injected faults, authentication (401), throttling (429), authorization (403),
-//! then the router. It also ends graceful deletions whose grace period is over.
+//! then the router. Every answer is counted in the traffic counters of the front end (listener) it left by
+//! ([`crate::traffic`]). It also ends graceful deletions whose grace period is over.
 
 use crate::auth::{Unauthenticated, User};
 use crate::cluster::{Cluster, Fault, RequestRecord};
@@ -16,6 +17,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use std::future::Future;
+use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 
@@ -24,7 +26,7 @@ use tokio::net::TcpListener;
 #[error("connection refused by injected fault")]
 struct Refused;
 
-async fn respond(cluster: Cluster, req: Request<Incoming>) -> Result<Response<Body>, Refused> {
+async fn respond(cluster: Cluster, front_end: Arc<str>, req: Request<Incoming>) -> Result<Response<Body>, Refused> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let raw_query = req.uri().query().unwrap_or_default().to_string();
@@ -49,8 +51,11 @@ async fn respond(cluster: Cluster, req: Request<Incoming>) -> Result<Response<Bo
     tracing::debug!(method = %record.method, path = %record.path, query = %record.query, "request");
     let seq = cluster.log_request(record);
     let answer = |user: &str, response: Response<Body>| {
-        cluster.log_answer(seq, info.verb(), user, response.status().as_u16());
-        response
+        let status = response.status().as_u16();
+        cluster.log_answer(seq, info.verb(), user, status);
+        let key = (front_end.to_string(), user.to_string(), info.verb().to_string(), info.resource());
+        let (parts, body) = response.into_parts();
+        Response::from_parts(parts, cluster.traffic_counters().count(key, status, body).boxed_unsync())
     };
     match cluster.fault() {
         Some(Fault::Refuse) => return Err(Refused),
@@ -88,11 +93,11 @@ async fn respond(cluster: Cluster, req: Request<Incoming>) -> Result<Response<Bo
     Ok(answer(&user.name, routes::handle(&cluster, call)))
 }
 
-async fn serve_connection<I>(io: I, cluster: Cluster)
+async fn serve_connection<I>(io: I, cluster: Cluster, front_end: Arc<str>)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = hyper::service::service_fn(move |req| respond(cluster.clone(), req));
+    let service = hyper::service::service_fn(move |req| respond(cluster.clone(), front_end.clone(), req));
     if let Err(e) = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(io), service).await {
         tracing::debug!("connection ended with error: {e}");
     }
@@ -123,6 +128,24 @@ async fn reap(cluster: Cluster) {
 /// completes, then ends every open watch and returns. Connections still open at that point are abandoned
 /// with the runtime that runs them.
 pub async fn serve(listener: TcpListener, cluster: Cluster, shutdown: impl Future<Output = ()>) {
+    serve_front_end(listener, cluster, FrontEnd { name: Arc::from(""), owns_watches: true }, shutdown).await;
+}
+
+/// One listener of a cluster: its name in [`Cluster::traffic`], and whether it is the cluster's own (whose end
+/// ends every watch) rather than one more front end of a cluster served elsewhere too (whose end ends only its
+/// own connections).
+pub(crate) struct FrontEnd {
+    pub name: Arc<str>,
+    pub owns_watches: bool,
+}
+
+/// [`serve`] as front end `front_end`.
+pub(crate) async fn serve_front_end(
+    listener: TcpListener,
+    cluster: Cluster,
+    front_end: FrontEnd,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     let reaper = tokio::spawn(reap(cluster.clone()));
     let tls = cluster.tls_config().map(tokio_rustls::TlsAcceptor::from);
@@ -143,16 +166,19 @@ pub async fn serve(listener: TcpListener, cluster: Cluster, shutdown: impl Futur
         }
         let cluster = cluster.clone();
         let tls = tls.clone();
+        let name = front_end.name.clone();
         tokio::spawn(async move {
             match tls {
-                None => serve_connection(stream, cluster).await,
+                None => serve_connection(stream, cluster, name).await,
                 Some(acceptor) => match acceptor.accept(stream).await {
-                    Ok(stream) => serve_connection(stream, cluster).await,
+                    Ok(stream) => serve_connection(stream, cluster, name).await,
                     Err(e) => tracing::debug!("TLS handshake failed: {e}"),
                 },
             }
         });
     }
     reaper.abort();
-    cluster.drop_watches();
+    if front_end.owns_watches {
+        cluster.drop_watches();
+    }
 }

@@ -6,6 +6,7 @@
 
 pub mod bins;
 pub mod chart;
+pub mod fleet;
 pub mod hbone_proxy;
 pub mod http;
 pub mod install_cni;
