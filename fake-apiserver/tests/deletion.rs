@@ -33,6 +33,8 @@ async fn events_until(
             WatchEvent::Added(p) => ("ADDED", p),
             WatchEvent::Modified(p) => ("MODIFIED", p),
             WatchEvent::Deleted(p) => ("DELETED", p),
+            // kube asks for bookmarks by default and the server sends one now and then: not a change of the pod.
+            WatchEvent::Bookmark(_) => continue,
             other => panic!("unexpected {other:?}"),
         };
         seen.push((kind.to_string(), pod.name_any(), pod.metadata.deletion_timestamp.is_some()));
