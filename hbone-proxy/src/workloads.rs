@@ -37,8 +37,8 @@ pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// only counted, so the dump stays small whatever the cluster's size.
 pub const MAX_DUMPED_WORKLOADS: usize = 1000;
 /// How many pod proxies of a snapshot start at once: enough to overlap each start's waits (key generation, the
-/// pod's socket thread, binds), few enough that a snapshot of thousands of pods holds a bounded number of
-/// half-started pods (threads, descriptors) at a time.
+/// socket threads' binds), few enough that a snapshot of thousands of pods holds a bounded number of half-started
+/// pods (descriptors, tasks) at a time.
 pub const SNAPSHOT_STARTS: usize = 32;
 /// Why the proxy is not ready before it has a snapshot.
 const WAITING_FOR_SNAPSHOT: &str = "waiting for the node agent's snapshot";
