@@ -139,12 +139,17 @@ pub struct PodNetns {
 
 impl PodNetns {
     /// The pod whose namespace is `netns`; checks that a socket thread can enter it, so a namespace that cannot be
-    /// entered fails here, not on the first socket.
+    /// entered fails here, not on the first socket, and lets the namespace migrate accept queues
+    /// ([`allow_accept_queue_migration`]) before any listener is made there.
     pub async fn enter(netns: Arc<Netns>) -> io::Result<Self> {
         let (dev, ino) = netns.id();
         let threads = socket_threads().len().max(1);
         let pod = PodNetns { netns, thread: (dev ^ ino) as usize % threads };
-        pod.run(|| Ok(())).await?;
+        pod.run(|| {
+            allow_accept_queue_migration();
+            Ok(())
+        })
+        .await?;
         Ok(pod)
     }
 
@@ -216,6 +221,10 @@ fn bind_reusable(fd: &OwnedFd, addr: SocketAddr) -> io::Result<()> {
 /// Asks the calling thread's netns to hand connections still queued on a closing `SO_REUSEPORT` listener to
 /// another listener of the group (`net.ipv4.tcp_migrate_req`), so a proxy taking over from a draining one loses
 /// none. Best effort: where `/proc/sys` is read-only (most containers) the kernel resets them as before.
+///
+/// Once per pod, when it is entered: opening a `/proc/sys/net` file costs time in proportion to the namespaces
+/// on the node (the kernel walks one `net` entry per namespace, under a lock each), so at 1,000 pods doing it for
+/// every listener was most of a pod start's time (BENCHMARKS.md, node-scale).
 fn allow_accept_queue_migration() {
     if let Err(e) = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1") {
         tracing::debug!(error = %e, "cannot enable tcp_migrate_req in the pod netns");
@@ -227,7 +236,6 @@ fn allow_accept_queue_migration() {
 pub async fn listen_in(ns: &PodNetns, addr: SocketAddr) -> io::Result<TcpListener> {
     let fd = ns
         .run(move || -> io::Result<OwnedFd> {
-            allow_accept_queue_migration();
             let fd = marked_socket(addr.ip())?;
             bind_reusable(&fd, addr)?;
             listen(&fd, Backlog::new(1024)?)?;
