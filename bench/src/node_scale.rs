@@ -24,6 +24,8 @@ const SUBNET: (&str, &str) = ("10.200.0.0/20", "10.200.0.1");
 const ISTIO_SUBNET: (&str, &str) = ("10.201.0.0/20", "10.201.0.1");
 /// #29's target: our agent's RSS with every pod enrolled, at most this share of Istio's agent's.
 const ISTIO_RSS_TARGET: f64 = 0.5;
+/// Enrollments over which the proxy's CPU per pod is taken, at the start and at the end of the run.
+const CPU_WINDOW: usize = 50;
 /// How long a whole-node convergence may take before the run is declared broken.
 const LIMIT: Duration = Duration::from_secs(300);
 
@@ -34,6 +36,26 @@ fn rss_kib(pid: u32) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix(" kB")?.trim().parse().ok())
         .expect("VmRSS in status")
+}
+
+/// CPU time (user + system) process `pid` has used so far, from `/proc/<pid>/stat` (in clock ticks).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read process stat");
+    // The fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("a command name in stat").1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    Duration::from_secs_f64(ticks as f64 / hz)
+}
+
+/// `d` in milliseconds.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// How many threads process `pid` runs.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map(Iterator::count).unwrap_or(0)
 }
 
 /// The value of gauge `name` in a Prometheus exposition.
@@ -65,16 +87,29 @@ pub fn run(counts: Counts) -> Section {
     let (agent0, proxy0) = (rss_kib(node.agent.pid()), rss_kib(node.proxy.pid()));
 
     println!("node-scale: enrolling {n} pods");
+    // The proxy's CPU over the first and the last `window` enrollments: whether a pod costs more on a fuller node.
+    let window = CPU_WINDOW.min(n / 2).max(1);
+    let mut proxy_cpu = [cpu_time(node.proxy.pid()), Duration::ZERO, Duration::ZERO];
     let start = Instant::now();
     let mut pods = Vec::with_capacity(n);
     let mut latencies = Vec::with_capacity(n);
     for i in 0..n {
+        if i == n - window {
+            proxy_cpu[2] = cpu_time(node.proxy.pid());
+        }
         let (pod, took) = node.add_pod(&format!("s{i}"));
         latencies.push(took);
         pods.push(pod);
+        if i + 1 == window {
+            proxy_cpu[1] = cpu_time(node.proxy.pid());
+        }
     }
     let enrolled = until(start, "the proxy runs every pod", || proxy_active(&node) == Some(n as f64));
+    let proxy_cpu_per_pod = |from: Duration, to: Duration| to.saturating_sub(from) / window as u32;
+    let (first_cpu, last_cpu) =
+        (proxy_cpu_per_pod(proxy_cpu[0], proxy_cpu[1]), proxy_cpu_per_pod(proxy_cpu[2], cpu_time(node.proxy.pid())));
     let (agent1, proxy1) = (rss_kib(node.agent.pid()), rss_kib(node.proxy.pid()));
+    let proxy_threads = threads(node.proxy.pid());
 
     println!("node-scale: starting a process in each pod (for the agent's /proc discovery after its restart)");
     let processes: Vec<PodProcess> = pods
@@ -95,6 +130,7 @@ pub fn run(counts: Counts) -> Section {
     let start = Instant::now();
     let readopted =
         readopt_ready + until(start, "the new proxy runs every pod", || proxy_active(&node) == Some(n as f64));
+    let readopt_cpu = cpu_time(node.proxy.pid());
 
     let lat = Summary::of(&latencies);
     let per_pod = |before: u64, after: u64| after.saturating_sub(before) as f64 / n as f64;
@@ -103,7 +139,8 @@ pub fn run(counts: Counts) -> Section {
         body,
         "{n} ambient pods enrolled one after the other through the fake runtime (bridge + host-local + istio-cni, \
          native nftables rules), each until its annotation was visible and the real hbone-proxy ran its \
-         listeners. RSS from `/proc/<pid>/status`. Restart figures: the agent is SIGKILLed and started again with \
+         listeners. RSS from `/proc/<pid>/status`, threads from `/proc/<pid>/task`, CPU (user + system) from \
+         `/proc/<pid>/stat` (10 ms ticks). Restart figures: the agent is SIGKILLed and started again with \
          a process running in every pod (found through `/proc`); the proxy is killed and started again.\n"
     );
     let _ = writeln!(body, "| figure | value |\n|---|---:|");
@@ -118,10 +155,16 @@ pub fn run(counts: Counts) -> Section {
         ("node-agent RSS at rest, all pods", format!("{agent1} KiB ({:.1} KiB per pod)", per_pod(agent0, agent1))),
         ("hbone-proxy RSS at rest, 0 pods", format!("{proxy0} KiB")),
         ("hbone-proxy RSS at rest, all pods", format!("{proxy1} KiB ({:.1} KiB per pod)", per_pod(proxy0, proxy1))),
+        ("hbone-proxy threads at rest, all pods", format!("{proxy_threads}")),
+        (
+            "hbone-proxy CPU per enrolled pod, first / last pods",
+            format!("{:.2} / {:.2} ms (each over {window} pods)", ms(first_cpu), ms(last_cpu)),
+        ),
         ("agent restart: ready", format!("{} ms", agent_ready.as_millis())),
         ("agent restart: every pod restored", format!("{} ms", agent_restored.as_millis())),
         ("proxy restart: ready (first snapshot applied)", format!("{} ms", readopt_ready.as_millis())),
         ("proxy restart: every pod re-adopted", format!("{} ms", readopted.as_millis())),
+        ("proxy restart: the new proxy's CPU until then", format!("{} ms", readopt_cpu.as_millis())),
     ];
     for (figure, value) in rows {
         let _ = writeln!(body, "| {figure} | {value} |");
