@@ -16,15 +16,12 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Deref;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::panic::AssertUnwindSafe;
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 use istio_contract::proxy::PROXY_MARK;
-use std::os::fd::{AsFd, BorrowedFd};
-use std::panic::AssertUnwindSafe;
-use std::sync::{mpsc, OnceLock};
-
 use netns::Netns;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::socket::{
