@@ -145,6 +145,7 @@ mod tests {
     use kube::config::{KubeConfigOptions, Kubeconfig};
     use serde_json::{json, Value};
 
+    use super::super::SourceCount;
     use super::*;
 
     fn pod(name: &str, ip: &str, annotation: Option<&str>, service_account: Option<&str>) -> Value {
@@ -258,6 +259,28 @@ mod tests {
         server.cluster().set_fault(None);
         wait_for("the relist is seen", || directory.lookup(ip("10.9.1.3")).is_some()).await;
         assert!(directory.lookup(ip("10.9.1.2")).is_none(), "the pod deleted while away is gone");
+        task.abort();
+    }
+
+    /// The old pod's deletion arrives after a new pod got its address: the address stays the new pod's.
+    #[tokio::test]
+    async fn a_reused_address_stays_with_the_new_pod_when_the_old_pods_deletion_arrives() {
+        let server = FakeApiServer::start().unwrap();
+        server.upsert(pod("old", "10.9.3.2", Some("enabled"), Some("old-sa"))).unwrap();
+        let directory = Directory::new("example.org");
+        let task = tokio::spawn(watch(client(&server).await, directory.clone(), oneshot::channel().0));
+        wait_for("the old pod is listed", || directory.lookup(ip("10.9.3.2")).is_some()).await;
+
+        server.upsert(pod("new", "10.9.3.2", Some("enabled"), Some("new-sa"))).unwrap();
+        let owner = || directory.lookup(ip("10.9.3.2")).map(|d| d.identity.service_account.clone());
+        wait_for("the new pod owns the address", || owner().as_deref() == Some("new-sa")).await;
+        server.delete("Pod", Some("shop"), "old").unwrap();
+        // Watch events, in order: the later pod showing up proves the deletion was seen.
+        server.upsert(pod("later", "10.9.3.3", Some("enabled"), None)).unwrap();
+        wait_for("the later pod is seen", || directory.lookup(ip("10.9.3.3")).is_some()).await;
+        assert_eq!(owner().as_deref(), Some("new-sa"), "the old pod's deletion took the new pod's address");
+        let listing = directory.listing(10);
+        assert_eq!(listing.sources[SOURCE], SourceCount { workloads: 2, addresses: 2 }, "new and later");
         task.abort();
     }
 
