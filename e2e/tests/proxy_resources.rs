@@ -1,6 +1,7 @@
 //! The real `hbone-proxy` and its own resources (issue #14; real node agent, pods through the fake CNI runtime): it
-//! raises its open-files soft limit to the hard limit at start; each pod gets one long-lived socket thread inside its
-//! netns, so connections create no threads, and the thread ends with the pod; out of file descriptors, the pods'
+//! raises its open-files soft limit to the hard limit at start; its few socket threads serve every pod, so neither
+//! pods nor connections create threads, and no thread stays inside a deleted pod's netns; out of file descriptors,
+//! the pods'
 //! accept loops back off and warn at most once per interval instead of spinning, and serve again once descriptors
 //! free up; its HTTP endpoints (admin, stats, readiness) cap their connections and drop clients that never finish
 //! their request headers.
@@ -8,6 +9,7 @@
 use std::fs::File;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,8 +24,10 @@ use support::traffic::echo_app;
 use support::{listen_on, listening, open_fds, plain_member, Proxy, Scene, APP_PORT, NS};
 
 const HELLO: &[u8] = b"hello through the node proxy";
-/// The name of each pod's socket thread in the proxy (`sockets::SOCKET_THREAD`).
+/// The name of the proxy's socket threads (`sockets::SOCKET_THREAD`).
 const SOCKET_THREAD: &str = "pod-sockets";
+/// How many there are, whatever the pods (`sockets::SOCKET_THREADS`).
+const SOCKET_THREADS: usize = 2;
 /// Descriptors the proxy may open beyond what it holds once it runs pods A and B, in the test of running out.
 const HEADROOM: usize = 48;
 /// Connections beyond the headroom in that test: they wait in the accept queue while the proxy is out of fds.
@@ -60,6 +64,21 @@ fn threads_named(pid: u32, name: &str) -> usize {
         .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
         .filter(|comm| comm.trim_end() == name)
         .count()
+}
+
+/// The (dev, ino) of the netns each thread of process `pid` is in.
+fn thread_netns(pid: u32) -> Vec<(u64, u64)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("list the proxy's threads");
+    tasks
+        .filter_map(|task| std::fs::metadata(task.ok()?.path().join("ns/net")).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect()
+}
+
+/// The (dev, ino) of `pod`'s netns.
+fn netns_id(pod: &Pod) -> (u64, u64) {
+    let netns = std::fs::metadata(pod.netns.path()).expect("stat the pod's netns");
+    (netns.dev(), netns.ino())
 }
 
 /// An app in `from` sends [`HELLO`] to `to` and reads the echo back (short timeouts, for polling).
@@ -132,10 +151,10 @@ fn the_proxy_raises_its_open_files_soft_limit_to_the_hard_limit_at_start() {
 }
 
 #[test]
-fn each_pod_has_one_socket_thread_connections_create_no_threads_and_the_thread_ends_with_the_pod() {
+fn the_socket_threads_are_a_fixed_few_connections_create_no_threads_and_none_stays_in_a_pods_netns() {
     let mut scene = scene();
     let pid = scene.proxy.pid();
-    assert_eq!(threads_named(pid, SOCKET_THREAD), 2, "one socket thread per pod, A and B");
+    assert_eq!(threads_named(pid, SOCKET_THREAD), SOCKET_THREADS, "a fixed few socket threads for A and B");
     let outsider = plain_member(&scene.cluster, "n");
     let _b_app = echo_app(scene.b_listener());
     let _outsider_app = echo_app(listen_on(&outsider, APP_PORT));
@@ -153,11 +172,15 @@ fn each_pod_has_one_socket_thread_connections_create_no_threads_and_the_thread_e
     }
     let created = trace.threads_created();
     assert_eq!(created, 0, "the proxy created {created} threads for 60 connections");
-    assert_eq!(threads_named(pid, SOCKET_THREAD), 2);
+    assert_eq!(threads_named(pid, SOCKET_THREAD), SOCKET_THREADS);
+    // Idle, the socket threads are back in the proxy's own netns: none holds a pod's netns alive.
+    let b_netns = netns_id(&scene.b);
+    eventually("no proxy thread idles in B's netns", || (!thread_netns(pid).contains(&b_netns)).then_some(()));
 
     scene.cluster.delete_pod(NS, "b", Some(&mut scene.b));
-    eventually("B's socket thread ends with B's proxy", || (threads_named(pid, SOCKET_THREAD) == 1).then_some(()));
-    assert_eq!(hello(&scene.a, to_outsider).expect("A's socket thread still serves A"), HELLO);
+    assert_eq!(hello(&scene.a, to_outsider).expect("the socket threads still serve A"), HELLO);
+    assert_eq!(threads_named(pid, SOCKET_THREAD), SOCKET_THREADS, "deleting a pod stops no socket thread");
+    assert!(!thread_netns(pid).contains(&b_netns), "a proxy thread is inside B's deleted netns");
 }
 
 /// How many connections wait in the accept queue of the TCP listener on `port` in `ns` (`Recv-Q` of `ss -lnt`).

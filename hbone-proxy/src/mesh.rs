@@ -19,7 +19,8 @@ use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use daemon::drain::DrainWatcher;
-use hbone::{Baggage, ConnectionCaps, ConnectionLimiter, MeshCa, MeshTls, Pool, WorkloadCert};
+use hbone::{Baggage, ConnectionCaps, ConnectionLimiter, Identity, MeshCa, MeshTls, Pool, WorkloadCert};
+use tokio::sync::Semaphore;
 
 use crate::config::{Config, MtlsMode};
 use crate::directory::Directory;
@@ -61,10 +62,26 @@ pub struct Mesh {
     pub local_pods: LocalPods,
 }
 
+/// How many workload certificates are minted at once. Each mint is CPU work on the blocking pool; a snapshot
+/// of many pods (and their rotations, at half the lifetime of certificates minted together) would otherwise start
+/// a blocking thread per pod, each keeping its stack and malloc arena after the burst.
+pub const MINTS_AT_ONCE: usize = 2;
+
 impl Mesh {
     /// The trust domain local identities are minted in.
     pub fn trust_domain(&self) -> &str {
         self.tls.trust_domain()
+    }
+
+    /// A new workload certificate for `identity`, minted on the blocking pool (key generation is CPU work, kept
+    /// off the runtime's workers), at most [`MINTS_AT_ONCE`] at a time.
+    pub async fn mint(self: &Arc<Self>, identity: &Identity) -> Result<WorkloadCert, String> {
+        static MINTING: Semaphore = Semaphore::const_new(MINTS_AT_ONCE);
+        let _turn = MINTING.acquire().await.map_err(|e| e.to_string())?;
+        let (mesh, identity) = (self.clone(), identity.clone());
+        tokio::task::spawn_blocking(move || mesh.ca.mint(&identity).map_err(|e| e.to_string()))
+            .await
+            .unwrap_or_else(|e| Err(format!("minting on the blocking pool: {e}")))
     }
 }
 
@@ -100,7 +117,7 @@ impl InboundHbone {
 pub struct PodContext {
     /// The pod's uid, for logs.
     pub uid: String,
-    /// The pod's network namespace and the thread that creates its upstream sockets there.
+    /// The pod's network namespace, where a socket thread creates its upstream sockets.
     pub netns: PodNetns,
     /// The pod's current workload certificate; replaced at half life by the pod proxy.
     cert: RwLock<Arc<WorkloadCert>>,

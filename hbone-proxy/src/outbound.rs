@@ -65,7 +65,7 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
                 src: pod.cert(),
                 src_addr: peer,
                 dst: SocketAddr::new(dst.ip(), ports::HBONE),
-                dst_identity: d.identity,
+                dst_identity: d.identity.clone(),
                 authority: dst,
                 baggage: pod.baggage.clone(),
                 extra_headers: Default::default(),

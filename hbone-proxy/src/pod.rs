@@ -73,8 +73,8 @@ pub struct PodProxy {
 
 impl PodProxy {
     /// Mints the pod's certificate and starts its listeners inside `netns`. Returns once all listeners are
-    /// bound, so the caller can ack the agent. Never blocks the runtime: the key is generated and the pod's socket
-    /// thread started on the blocking pool, and every socket is made on that thread.
+    /// bound, so the caller can ack the agent. Never blocks the runtime: the key is generated on the blocking pool
+    /// ([`Mesh::mint`]), and every socket is made on a socket thread ([`PodNetns`]).
     pub async fn start(
         mesh: &Arc<Mesh>,
         uid: &str,
@@ -87,14 +87,9 @@ impl PodProxy {
             .map_err(|source| StartError::Identity { uid: uid.to_owned(), source })?;
         let cert_err = |reason: String| StartError::Certificate { uid: uid.to_owned(), reason };
         let netns_err = |what: &str, source| StartError::Netns { uid: uid.to_owned(), what: what.to_owned(), source };
-        let (minted, entered) = {
-            let (mesh, identity) = (mesh.clone(), identity.clone());
-            tokio::task::spawn_blocking(move || (mesh.ca.mint(&identity), PodNetns::enter(netns)))
-                .await
-                .map_err(|e| cert_err(format!("minting on the blocking pool: {e}")))?
-        };
-        let cert = Arc::new(minted.map_err(|e| cert_err(e.to_string()))?);
-        let netns = entered.map_err(|e| netns_err("starting the pod's socket thread", e))?;
+        let (minted, entered) = tokio::join!(mesh.mint(&identity), PodNetns::enter(netns));
+        let cert = Arc::new(minted.map_err(cert_err)?);
+        let netns = entered.map_err(|e| netns_err("entering the pod's netns", e))?;
         let ips = sockets::pod_ips(&netns).await.map_err(|e| netns_err("reading the pod's addresses", e))?;
         let certs = ServerCerts::new();
         for ip in &ips {
@@ -121,7 +116,10 @@ impl PodProxy {
         let inbound_tls = InboundTls::new(mesh.tls.clone(), certs.clone());
         let mut listeners = JoinSet::new();
         listeners.spawn(rotate_certs(ctx.clone(), identity.clone(), certs.clone(), ips.clone()));
-        let accept = Acceptor { uid, drain: &mesh.drain };
+        // At the level of the loops' warnings, so they name the pod whatever the log level; one span for all of
+        // them (a span is kept, with its fields, for as long as it is entered anywhere).
+        let span = tracing::warn_span!("pod", uid);
+        let accept = Acceptor { span: &span, drain: &mesh.drain };
         for addr in any_addrs(&ips) {
             let (ns, netns_err) = (&netns, &netns_err);
             let bind = |port| {
@@ -213,10 +211,7 @@ async fn rotate_certs(ctx: Arc<PodContext>, identity: Identity, certs: ServerCer
         let lifetime = current.expires_at().duration_since(current.issued_at()).unwrap_or_default();
         let due = current.issued_at() + lifetime / 2;
         tokio::time::sleep(due.duration_since(SystemTime::now()).unwrap_or_default()).await;
-        // Key generation is CPU work: off the runtime's workers.
-        let (mesh, subject) = (ctx.mesh.clone(), identity.clone());
-        let minted = tokio::task::spawn_blocking(move || mesh.ca.mint(&subject).map_err(|e| e.to_string())).await;
-        let rotated = minted.unwrap_or_else(|e| Err(e.to_string())).and_then(|cert| {
+        let rotated = ctx.mesh.mint(&identity).await.and_then(|cert| {
             for ip in &ips {
                 certs.set(*ip, &cert).map_err(|e| e.to_string())?;
             }
@@ -265,7 +260,7 @@ pub const MAX_CONNECTIONS_PER_LISTENER: usize = 16_384;
 /// proxy drains.
 #[derive(Clone, Copy)]
 struct Acceptor<'a> {
-    uid: &'a str,
+    span: &'a tracing::Span,
     drain: &'a DrainWatcher,
 }
 
@@ -277,8 +272,6 @@ impl Acceptor<'_> {
         F: Fn(TcpStream, SocketAddr) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        // At the level of the loop's warnings, so they name the pod whatever the log level.
-        let span = tracing::warn_span!("pod", uid = self.uid);
         let serve = daemon::listener::serve(
             listener,
             name,
@@ -294,7 +287,7 @@ impl Acceptor<'_> {
                 }
             },
         );
-        serve.instrument(span)
+        serve.instrument(self.span.clone())
     }
 }
 

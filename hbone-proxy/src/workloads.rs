@@ -1,7 +1,14 @@
 //! The ZDS client loop: keeps a connection to the node agent, starts and stops pod proxies as it is told,
 //! and reconciles after each snapshot. Pod proxies keep running while the agent is away. A pod whose proxy
-//! failed to start is acked with the error, counted as pending and retried every [`RETRY_INTERVAL`]; the proxy
-//! is ready once the first snapshot is applied and nothing is pending.
+//! failed to start is counted as pending and retried every [`RETRY_INTERVAL`]; the proxy is ready once the first
+//! snapshot is applied and nothing is pending.
+//!
+//! A live Add is acked once its pod's proxy listens (or with the error that stopped it): the agent reports the pod
+//! enrolled only then. The Adds of a snapshot (pods the agent enrolled before this connection) start concurrently,
+//! at most [`SNAPSHOT_STARTS`] at once: each is acked as soon as its start is under way, and `SnapshotSent` is acked
+//! once every one of them has finished (running, or pending with its error), so a proxy restart re-adopts a node's
+//! pods in a fraction of the time one after the other would take. A Del, a repeated uid or the end of the
+//! snapshot waits for the starts under way first, so requests still take effect in the order the agent sent them.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -12,12 +19,13 @@ use std::time::Duration;
 use daemon::probes::{Blocker, ProbeState};
 use netns::Netns;
 use serde_json::{json, Value};
+use tokio::task::JoinSet;
 use zds::messages::workload_request::Payload;
 use zds::messages::WorkloadInfo;
 use zds::{ZdsClient, ZdsError};
 
 use crate::mesh::Mesh;
-use crate::pod::PodProxy;
+use crate::pod::{PodProxy, StartError};
 
 /// First reconnect delay; doubled per failure up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -28,6 +36,10 @@ pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// The most directory workloads `/config_dump` lists (a cluster-wide source can hold many more); the rest are
 /// only counted, so the dump stays small whatever the cluster's size.
 pub const MAX_DUMPED_WORKLOADS: usize = 1000;
+/// How many pod proxies of a snapshot start at once: enough to overlap each start's waits (key generation, the
+/// socket threads' binds), few enough that a snapshot of thousands of pods holds a bounded number of half-started
+/// pods (descriptors, tasks) at a time.
+pub const SNAPSHOT_STARTS: usize = 32;
 /// Why the proxy is not ready before it has a snapshot.
 const WAITING_FOR_SNAPSHOT: &str = "waiting for the node agent's snapshot";
 
@@ -48,6 +60,16 @@ struct State {
     snapshot: Option<HashSet<String>>,
     /// Whether a snapshot has been applied since the process started.
     synced: bool,
+}
+
+/// One pod proxy start of a snapshot, finished: the pod, what it came with, and the proxy or why it did not start.
+type Started = (String, Option<WorkloadInfo>, Arc<Netns>, Result<PodProxy, StartError>);
+
+/// The snapshot's pod proxy starts under way, and their uids.
+#[derive(Default)]
+struct Starting {
+    tasks: JoinSet<Started>,
+    uids: HashSet<String>,
 }
 
 /// The ZDS client and the pod proxies it manages. Dropping it stops every pod proxy.
@@ -157,33 +179,46 @@ impl Workloads {
         self.inner.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Answers requests until the connection fails.
+    /// Answers requests until the connection fails; the snapshot's starts under way then still finish.
     async fn session(&self, client: &ZdsClient) -> ZdsError {
         self.lock().snapshot = Some(HashSet::new());
-        loop {
+        let mut starting = Starting::default();
+        let error = loop {
             let (request, fds) = match client.recv().await {
                 Ok(received) => received,
-                Err(e) => return e,
+                Err(e) => break e,
             };
-            let result = self.apply(request.payload, fds).await;
+            let result = self.apply(request.payload, fds, &mut starting).await;
             if let Err(error) = &result {
                 tracing::warn!(%error, "ZDS request failed");
             }
             if let Err(e) = client.ack(result.err()).await {
-                return e;
+                break e;
             }
-        }
+        };
+        let _changing = self.inner.changes.lock().await;
+        self.finish(&mut starting).await;
+        self.publish(&self.lock());
+        error
     }
 
-    async fn apply(&self, payload: Option<Payload>, fds: Vec<OwnedFd>) -> Result<(), String> {
+    async fn apply(&self, payload: Option<Payload>, fds: Vec<OwnedFd>, starting: &mut Starting) -> Result<(), String> {
         let _changing = self.inner.changes.lock().await;
+        let in_snapshot = self.lock().snapshot.is_some();
         let result = match payload {
-            Some(Payload::Add(add)) => self.add(add.uid, add.workload_info, fds).await,
+            Some(Payload::Add(add)) if in_snapshot => {
+                if starting.uids.contains(&add.uid) {
+                    self.finish(starting).await;
+                }
+                self.add(add.uid, add.workload_info, fds, Some(starting)).await
+            }
+            Some(Payload::Add(add)) => self.add(add.uid, add.workload_info, fds, None).await,
             Some(Payload::Keep(keep)) => {
                 self.lock().seen(&keep.uid);
                 Ok(())
             }
             Some(Payload::Del(del)) => {
+                self.finish(starting).await;
                 let (stopped, pending) = {
                     let mut state = self.lock();
                     (state.pods.remove(&del.uid), state.pending.remove(&del.uid))
@@ -197,6 +232,7 @@ impl Workloads {
                 Ok(())
             }
             Some(Payload::SnapshotSent(_)) => {
+                self.finish(starting).await;
                 let mut stopped = Vec::new();
                 {
                     let mut state = self.lock();
@@ -221,8 +257,16 @@ impl Workloads {
         result
     }
 
-    /// Starts the proxy of the pod `uid` in the netns it came with, unless it already runs there.
-    async fn add(&self, uid: String, info: Option<WorkloadInfo>, mut fds: Vec<OwnedFd>) -> Result<(), String> {
+    /// Starts the proxy of the pod `uid` in the netns it came with, unless it already runs there. With
+    /// `starting` (a snapshot's Add), the start is only begun there (after one under way finished, when
+    /// [`SNAPSHOT_STARTS`] are), and its outcome recorded by [`Workloads::finish`].
+    async fn add(
+        &self,
+        uid: String,
+        info: Option<WorkloadInfo>,
+        mut fds: Vec<OwnedFd>,
+        starting: Option<&mut Starting>,
+    ) -> Result<(), String> {
         self.lock().seen(&uid);
         if fds.len() != 1 {
             return Err(format!("AddWorkload {uid} carried {} fds, expected the pod netns", fds.len()));
@@ -233,7 +277,39 @@ impl Workloads {
             tracing::debug!(uid, "pod already running in this netns");
             return Ok(());
         }
-        self.start(&uid, info, Arc::new(netns)).await
+        let netns = Arc::new(netns);
+        let Some(starting) = starting else {
+            return self.start(&uid, info, netns).await;
+        };
+        while starting.tasks.len() >= SNAPSHOT_STARTS {
+            let Some(joined) = starting.tasks.join_next().await else { break };
+            self.started(starting, joined);
+        }
+        // Not retried meanwhile: the outcome of this start decides whether it is still pending.
+        self.lock().pending.remove(&uid);
+        starting.uids.insert(uid.clone());
+        let mesh = self.inner.mesh.clone();
+        starting.tasks.spawn(async move {
+            let started = PodProxy::start(&mesh, &uid, info.as_ref(), netns.clone()).await;
+            (uid, info, netns, started)
+        });
+        Ok(())
+    }
+
+    /// Waits for every start under way in `starting` and records each outcome. The caller holds
+    /// [`Inner::changes`].
+    async fn finish(&self, starting: &mut Starting) {
+        while let Some(joined) = starting.tasks.join_next().await {
+            self.started(starting, joined);
+        }
+    }
+
+    /// Records one finished start of `starting`: a start that panicked panics here too, as it would have inline.
+    fn started(&self, starting: &mut Starting, joined: Result<Started, tokio::task::JoinError>) {
+        let (uid, info, netns, started) = joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        starting.uids.remove(&uid);
+        // A failure was acked as begun: the pod is pending, and readiness and `/config_dump` say why.
+        let _ = self.record(&uid, info, netns, started);
     }
 
     /// Starts `uid`'s proxy without holding the state lock, then records it as running (replacing a proxy of the
@@ -241,6 +317,18 @@ impl Workloads {
     /// caller holds [`Inner::changes`].
     async fn start(&self, uid: &str, info: Option<WorkloadInfo>, netns: Arc<Netns>) -> Result<(), String> {
         let started = PodProxy::start(&self.inner.mesh, uid, info.as_ref(), netns.clone()).await;
+        self.record(uid, info, netns, started)
+    }
+
+    /// Records the outcome of `uid`'s start: running (replacing a proxy of the pod in an older netns), or pending
+    /// with the error, which it returns for the ack.
+    fn record(
+        &self,
+        uid: &str,
+        info: Option<WorkloadInfo>,
+        netns: Arc<Netns>,
+        started: Result<PodProxy, StartError>,
+    ) -> Result<(), String> {
         let (replaced, result) = {
             let mut state = self.lock();
             match started {

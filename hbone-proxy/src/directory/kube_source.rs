@@ -5,7 +5,7 @@
 //! All pods are watched cluster-wide, because a destination can run on any node. The watcher relists and
 //! retries with backoff when the API is away; entries stay as they were until it answers again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
 use futures::StreamExt as _;
@@ -37,13 +37,16 @@ pub async fn watch_inferred(directory: Directory, listed: oneshot::Sender<()>) {
 
 /// Keeps this source's entries equal to the enrolled pods with an address, until the task is dropped; `listed`
 /// fires after the first complete list is in the directory.
+///
+/// Each watch event costs one pod's worth of work in the directory, however many pods the cluster runs, and the
+/// directory holds the only copy of each workload (the watch keeps none). A (re)list applies each pod as it comes
+/// and, once complete, sweeps the ones it no longer holds (deleted or unenrolled while the watch was away).
 pub async fn watch(client: Client, directory: Directory, listed: oneshot::Sender<()>) {
     let mut listed = Some(listed);
     let events = watcher::watcher(Api::<Pod>::all(client), watcher::Config::default()).default_backoff();
     let mut events = std::pin::pin!(events);
-    let mut pods = HashMap::<String, Workload>::new();
-    // Filled during a (re)list; swapped in whole at InitDone so pods deleted while away disappear.
-    let mut listing = HashMap::<String, Workload>::new();
+    // The uids a (re)list has applied so far; `None` between lists.
+    let mut relisted: Option<HashSet<String>> = None;
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
@@ -52,41 +55,52 @@ pub async fn watch(client: Client, directory: Directory, listed: oneshot::Sender
                 continue;
             }
         };
-        let list_complete = matches!(event, Event::InitDone);
         match event {
-            Event::Init => listing.clear(),
+            Event::Init => relisted = Some(HashSet::new()),
             Event::InitApply(pod) => {
-                if let Some((uid, workload)) = workload(&pod) {
-                    listing.insert(uid, workload);
+                if let Some(workload) = workload(&pod) {
+                    let uid = workload.uid.clone();
+                    if apply(&directory, workload) {
+                        relisted.get_or_insert_with(HashSet::new).insert(uid);
+                    }
                 }
-                continue;
             }
-            Event::InitDone => pods = std::mem::take(&mut listing),
-            Event::Apply(pod) => {
-                let uid = pod.metadata.uid.clone().unwrap_or_default();
-                match workload(&pod) {
-                    Some((uid, workload)) => pods.insert(uid, workload),
-                    None => pods.remove(&uid),
-                };
+            Event::InitDone => {
+                let seen = relisted.take().unwrap_or_default();
+                directory.retain(SOURCE, |uid| seen.contains(uid));
+                if let Some(listed) = listed.take() {
+                    let _ = listed.send(());
+                }
             }
+            Event::Apply(pod) => match workload(&pod) {
+                Some(workload) => {
+                    apply(&directory, workload);
+                }
+                None => {
+                    directory.remove(SOURCE, pod.metadata.uid.as_deref().unwrap_or_default());
+                }
+            },
             Event::Delete(pod) => {
-                pods.remove(pod.metadata.uid.as_deref().unwrap_or_default());
-            }
-        }
-        for error in directory.replace(SOURCE, pods.values().cloned().collect()) {
-            tracing::warn!(%error, "skipping pod");
-        }
-        if list_complete {
-            if let Some(listed) = listed.take() {
-                let _ = listed.send(());
+                directory.remove(SOURCE, pod.metadata.uid.as_deref().unwrap_or_default());
             }
         }
     }
 }
 
-/// The pod as a mesh workload, keyed by uid: `None` unless it is enrolled, has an address and is not finished
+/// Puts `workload` in the directory; whether it is there (a pod whose identity is invalid is left out, logged).
+fn apply(directory: &Directory, workload: Workload) -> bool {
+    match directory.upsert(SOURCE, workload) {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "skipping pod");
+            false
+        }
+    }
+}
+
+/// The pod as a mesh workload: `None` unless it is enrolled, has an address and is not finished
 /// (a finished pod's address may already belong to someone else).
-fn workload(pod: &Pod) -> Option<(String, Workload)> {
+fn workload(pod: &Pod) -> Option<Workload> {
     let meta = &pod.metadata;
     let enrolled = meta.annotations.as_ref().and_then(|a| a.get(AMBIENT_REDIRECTION)).map(String::as_str);
     let status = pod.status.as_ref()?;
@@ -99,12 +113,11 @@ fn workload(pod: &Pod) -> Option<(String, Workload)> {
         return None;
     }
     let spec = pod.spec.as_ref();
-    let uid = meta.uid.clone().unwrap_or_default();
     let workload_name = canonical::workload_name(meta);
     let (canonical_name, canonical_revision) =
         canonical::canonical_service(meta.labels.as_ref().unwrap_or(&BTreeMap::new()), &workload_name);
-    let workload = Workload {
-        uid: uid.clone(),
+    Some(Workload {
+        uid: meta.uid.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
         namespace: meta.namespace.clone().unwrap_or_default(),
         service_account: spec
@@ -121,8 +134,7 @@ fn workload(pod: &Pod) -> Option<(String, Workload)> {
         // This cluster: the proxy's own.
         cluster_id: String::new(),
         require_mtls: false,
-    };
-    Some((uid, workload))
+    })
 }
 
 #[cfg(test)]
@@ -133,6 +145,7 @@ mod tests {
     use kube::config::{KubeConfigOptions, Kubeconfig};
     use serde_json::{json, Value};
 
+    use super::super::SourceCount;
     use super::*;
 
     fn pod(name: &str, ip: &str, annotation: Option<&str>, service_account: Option<&str>) -> Value {
@@ -179,8 +192,8 @@ mod tests {
         object["metadata"]["ownerReferences"] = json!([{
             "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c", "uid": "rs-1", "controller": true,
         }]);
-        let (uid, listed) = workload(&serde_json::from_value(object).unwrap()).expect("an enrolled pod");
-        assert_eq!(uid, "u-web");
+        let listed = workload(&serde_json::from_value(object).unwrap()).expect("an enrolled pod");
+        assert_eq!(listed.uid, "u-web");
         let names = (listed.workload_name.as_str(), listed.canonical_name.as_str(), listed.canonical_revision.as_str());
         assert_eq!(names, ("web", "shop", "v2"), "the Deployment's name; app and version labels");
         assert_eq!(listed.cluster_id, "", "the proxy's own cluster");
@@ -246,6 +259,28 @@ mod tests {
         server.cluster().set_fault(None);
         wait_for("the relist is seen", || directory.lookup(ip("10.9.1.3")).is_some()).await;
         assert!(directory.lookup(ip("10.9.1.2")).is_none(), "the pod deleted while away is gone");
+        task.abort();
+    }
+
+    /// The old pod's deletion arrives after a new pod got its address: the address stays the new pod's.
+    #[tokio::test]
+    async fn a_reused_address_stays_with_the_new_pod_when_the_old_pods_deletion_arrives() {
+        let server = FakeApiServer::start().unwrap();
+        server.upsert(pod("old", "10.9.3.2", Some("enabled"), Some("old-sa"))).unwrap();
+        let directory = Directory::new("example.org");
+        let task = tokio::spawn(watch(client(&server).await, directory.clone(), oneshot::channel().0));
+        wait_for("the old pod is listed", || directory.lookup(ip("10.9.3.2")).is_some()).await;
+
+        server.upsert(pod("new", "10.9.3.2", Some("enabled"), Some("new-sa"))).unwrap();
+        let owner = || directory.lookup(ip("10.9.3.2")).map(|d| d.identity.service_account.clone());
+        wait_for("the new pod owns the address", || owner().as_deref() == Some("new-sa")).await;
+        server.delete("Pod", Some("shop"), "old").unwrap();
+        // Watch events, in order: the later pod showing up proves the deletion was seen.
+        server.upsert(pod("later", "10.9.3.3", Some("enabled"), None)).unwrap();
+        wait_for("the later pod is seen", || directory.lookup(ip("10.9.3.3")).is_some()).await;
+        assert_eq!(owner().as_deref(), Some("new-sa"), "the old pod's deletion took the new pod's address");
+        let listing = directory.listing(10);
+        assert_eq!(listing.sources[SOURCE], SourceCount { workloads: 2, addresses: 2 }, "new and later");
         task.abort();
     }
 

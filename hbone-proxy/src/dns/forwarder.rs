@@ -239,32 +239,49 @@ impl Forwarder {
     }
 }
 
+/// An answer on its way back to a UDP client, holding its query's in-flight slot until it is sent.
+type UdpAnswer = Box<(Vec<u8>, SocketAddr, InFlight)>;
+
 /// Serves UDP queries on `socket` until the task is aborted. Each admitted query is resolved on its own task;
 /// answers come back through a channel, so aborting this task closes the socket at once.
+///
+/// An idle pod's forwarder holds no receive buffer (one is allocated per datagram, once the socket is readable)
+/// and a small channel (its items are boxed): thousands of pods that ask nothing cost little (BENCHMARKS.md,
+/// node-scale).
 pub async fn serve_udp(forwarder: Arc<Forwarder>, socket: UdpSocket) {
     // Never full: every answer in it holds one of the pod's in-flight slots.
-    let (tx, mut rx) = mpsc::channel::<(Vec<u8>, SocketAddr, InFlight)>(MAX_IN_FLIGHT);
-    // One byte more than a query may have, to tell an oversized one.
-    let mut buf = vec![0; MAX_UDP_PAYLOAD + 1];
+    let (tx, mut rx) = mpsc::channel::<UdpAnswer>(MAX_IN_FLIGHT);
     loop {
         tokio::select! {
-            received = socket.recv_from(&mut buf) => match received {
-                Ok((n, client)) => {
-                    if let Some(in_flight) = forwarder.admit(Transport::Udp, &buf[..n]) {
-                        let mut query = buf[..n].to_vec();
-                        let limit = wire::udp_answer_limit(&query);
-                        wire::clamp_edns_payload_size(&mut query);
-                        let (forwarder, tx) = (forwarder.clone(), tx.clone());
-                        tokio::spawn(async move {
-                            if let Some(answer) = forwarder.resolve(&query, Via::Udp).await {
-                                let _ = tx.send((wire::fit_udp_answer(answer, limit), client, in_flight)).await;
-                            }
-                        });
-                    }
+            readable = socket.readable() => {
+                if let Err(error) = readable {
+                    tracing::debug!(uid = forwarder.uid, %error, "dns udp socket not readable");
+                    continue;
                 }
-                Err(error) => tracing::debug!(uid = forwarder.uid, %error, "dns udp receive failed"),
+                // One byte more than a query may have, to tell an oversized one.
+                let mut buf = vec![0; MAX_UDP_PAYLOAD + 1];
+                match socket.try_recv_from(&mut buf) {
+                    Ok((n, client)) => {
+                        if let Some(in_flight) = forwarder.admit(Transport::Udp, &buf[..n]) {
+                            // Sized to the query: it may wait for its answer for seconds.
+                            let mut query = buf[..n].to_vec();
+                            let limit = wire::udp_answer_limit(&query);
+                            wire::clamp_edns_payload_size(&mut query);
+                            let (forwarder, tx) = (forwarder.clone(), tx.clone());
+                            tokio::spawn(async move {
+                                if let Some(answer) = forwarder.resolve(&query, Via::Udp).await {
+                                    let answer = Box::new((wire::fit_udp_answer(answer, limit), client, in_flight));
+                                    let _ = tx.send(answer).await;
+                                }
+                            });
+                        }
+                    }
+                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(error) => tracing::debug!(uid = forwarder.uid, %error, "dns udp receive failed"),
+                }
             },
-            Some((answer, client, _in_flight)) = rx.recv() => {
+            Some(answer) = rx.recv() => {
+                let (answer, client, _in_flight) = *answer;
                 if let Err(error) = socket.send_to(&answer, client).await {
                     tracing::debug!(uid = forwarder.uid, %client, %error, "dns udp answer not sent");
                 }

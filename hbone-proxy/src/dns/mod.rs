@@ -8,8 +8,8 @@
 //! - At most [`MAX_IN_FLIGHT`] queries of a pod are in flight (UDP and TCP together, from admission until the
 //!   answer is handed back); more are dropped and counted. A slot comes back when its query is answered, or after
 //!   [`QUERY_TIMEOUT`] at the latest.
-//! - Upstream sockets are reused. Each pod has one connected UDP socket per upstream, made with the pod on its
-//!   socket thread ([`PodNetns`](crate::sockets::PodNetns)); every UDP query of the pod goes through it with its
+//! - Upstream sockets are reused. Each pod has one connected UDP socket per upstream, made in the pod's netns
+//!   on a socket thread ([`PodNetns`](crate::sockets::PodNetns)); every UDP query of the pod goes through it with its
 //!   id remapped to a random free one, and an answer is taken only from that upstream, with that id and echoing
 //!   the question. Over TCP, each client connection gets one upstream connection per upstream, carrying all of its
 //!   queries the same way.

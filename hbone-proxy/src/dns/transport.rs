@@ -76,11 +76,19 @@ impl UdpUpstream {
 /// upstream's port is closed: ICMP port unreachable) fails the queries pending on it, so they move on to the next
 /// upstream at once.
 async fn read_udp_answers(socket: Arc<UdpSocket>, pending: Arc<Pending>) {
-    // One datagram more than is ever relayed: a longer one is cut to its question anyway.
-    let mut buf = vec![0; MAX_UDP_PAYLOAD + 1];
     loop {
-        match socket.recv(&mut buf).await {
-            Ok(n) => pending.deliver(buf[..n].to_vec()),
+        // A buffer per datagram, none while waiting: a pod that asked once holds nothing between its queries.
+        // One byte more than is ever relayed: a longer answer is cut to its question anyway.
+        let received = match socket.readable().await {
+            Ok(()) => {
+                let mut buf = vec![0; MAX_UDP_PAYLOAD + 1];
+                socket.try_recv(&mut buf).map(|n| buf[..n].to_vec())
+            }
+            Err(error) => Err(error),
+        };
+        match received {
+            Ok(answer) => pending.deliver(answer),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
             Err(error) => {
                 tracing::debug!(%error, "dns upstream udp receive failed");
                 pending.fail_all();
