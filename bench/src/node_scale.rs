@@ -16,6 +16,7 @@ use crate::istio_ref;
 use crate::load::{self, Load};
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
+use crate::sidecar_setup::timed_exec;
 use crate::stats::Counts;
 use crate::stats::{ratio, us, Summary};
 
@@ -198,6 +199,8 @@ struct Window {
     ours: Duration,
     /// Median ADD of the chain without istio-cni in it.
     chain: Duration,
+    /// Median `CNI_COMMAND=VERSION` exec of our plugin in it.
+    exec: Duration,
     /// The agent's phase means in it.
     phases: String,
 }
@@ -233,6 +236,10 @@ pub fn run(counts: Counts) -> Section {
     println!("node-scale: enrolling {n} pods (and after one in every {CHAIN_EVERY}, a pod without istio-cni)");
     let windows = windows(n);
     let mut chain: Vec<(usize, Duration)> = Vec::new();
+    // Beside each chain probe, an exec of our plugin that does no per-pod work (`CNI_COMMAND=VERSION`): what the
+    // node's own load does to any process as pods are added.
+    let plugin = testbed::bins::path(istio_contract::names::PLUGIN_TYPE);
+    let mut version: Vec<(usize, Duration)> = Vec::new();
     let mut phases_at = Vec::new();
     let start = Instant::now();
     let mut pods = Vec::with_capacity(n);
@@ -260,6 +267,7 @@ pub fn run(counts: Counts) -> Section {
             let attached = timed_add(&node.cluster.node, &chain_only, NS, &format!("chain{i}"));
             chain.push((i, attached.took));
             drop(attached);
+            version.push((i, timed_exec(&plugin)));
             chain_time += probe.elapsed();
         }
     }
@@ -279,9 +287,12 @@ pub fn run(counts: Counts) -> Section {
             let probes: Vec<Duration> =
                 chain.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, took)| *took).collect();
             let chain = Summary::of(&probes).median;
+            let execs: Vec<Duration> =
+                version.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, took)| *took).collect();
+            let exec = Summary::of(&execs).median;
             let reading =
                 |at: usize| phases_at.iter().find(|(i, _)| *i == at).map(|(_, p)| p.clone()).unwrap_or_default();
-            Window { range: (from, to), ours, chain, phases: phase_means(&reading(from), &reading(to)) }
+            Window { range: (from, to), ours, chain, exec, phases: phase_means(&reading(from), &reading(to)) }
         })
         .collect();
 
@@ -412,22 +423,25 @@ fn growth(n: usize, windows: &[Window]) -> String {
          own cost at that size, which grows by itself (host-local reads every allocation file per ADD; the kernel \
          adds a port to a bridge that has n ports). \"Added\" is the window's median ADD → annotation less that \
          chain's median: what istio-cni, the node agent and the proxy's ack add. The phases are the agent's own \
-         (`nodeagent_enrollment_duration_seconds`, mean per pod in the window, µs).\n",
+         (`nodeagent_enrollment_duration_seconds`, mean per pod in the window, µs). Beside each chain probe our \
+         plugin was exec'd with `CNI_COMMAND=VERSION`, which does no per-pod work at all: how much the node's \
+         own load (soft-IRQ work for every bridge port, the rtnl lock) slows any process at that pod count.\n",
         windows[0].range.1 - windows[0].range.0
     );
     let _ = writeln!(
         s,
-        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | agent phases, mean µs |\n|---|---:|---:|---:|---|"
+        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | istio-cni VERSION exec, median µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---|"
     );
     for w in windows {
         let _ = writeln!(
             s,
-            "| {}–{} | {} | {} | {} | {} |",
+            "| {}–{} | {} | {} | {} | {} | {} |",
             w.range.0 + 1,
             w.range.1,
             us(w.ours),
             us(w.chain),
             us(w.added()),
+            us(w.exec),
             w.phases
         );
     }
@@ -438,7 +452,8 @@ fn growth(n: usize, windows: &[Window]) -> String {
         s,
         "\n- Added by istio-cni and the agent, pods {}–{n} against pods 1–{}: {added:.2}× (target ≤1.2×: {}); \
          against pods {}–{}: {:.2}×.\n\
-         - ADD → annotation including the chain: {whole:.2}× (the bridge and host-local's own growth: {:.2}×).",
+         - ADD → annotation including the chain: {whole:.2}× (the bridge and host-local's own growth: {:.2}×).\n\
+         - The floor: a VERSION exec of istio-cni, pods {}–{n} against pods 1–{}: {:.2}×.",
         last.range.0 + 1,
         first.range.1,
         if added <= 1.2 { "met" } else { "NOT met" },
@@ -446,6 +461,9 @@ fn growth(n: usize, windows: &[Window]) -> String {
         quarter.range.1,
         ratio(last.added(), quarter.added()),
         ratio(last.chain, first.chain),
+        last.range.0 + 1,
+        first.range.1,
+        ratio(last.exec, first.exec),
     );
     s
 }

@@ -101,7 +101,7 @@ fn istio_backend(b: RuleBackend) -> &'static str {
 
 /// Execs `path` as the runtime execs a plugin (`CNI_COMMAND=VERSION`, stdout and stderr read) and times it to
 /// its exit.
-fn timed_exec(path: &std::path::Path) -> Duration {
+pub(crate) fn timed_exec(path: &std::path::Path) -> Duration {
     let start = Instant::now();
     let out = std::process::Command::new(path)
         .env("CNI_COMMAND", "VERSION")

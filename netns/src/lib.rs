@@ -1,10 +1,9 @@
 //! Network namespace handling shared by every component.
 //!
 //! Entering a netns with `setns(2)` changes only the calling thread, so work that must run inside a pod's
-//! namespace is executed on a dedicated thread: a fresh one thrown away afterwards ([`Netns::run`]), or, for work
-//! that recurs (a proxy creating sockets in a pod for as long as the pod runs), a long-lived one that entered the
-//! namespace once and runs jobs there on request ([`Netns::spawn_thread`], [`NetnsThread`]). The caller's threads
-//! (and the tokio runtime) never change namespace.
+//! namespace is executed on a dedicated thread, thrown away afterwards ([`Netns::run`]). The caller's threads (and
+//! the tokio runtime) never change namespace. (The proxy's recurring socket work in pods runs on its own shared
+//! socket threads, `hbone-proxy/src/sockets.rs`, which enter a pod's namespace for a run of its jobs.)
 
 pub mod discover;
 pub mod netlink;
@@ -12,9 +11,7 @@ pub mod netlink;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 
 use nix::sched::{setns, CloneFlags};
 
@@ -184,82 +181,6 @@ impl Netns {
             worker.join().map_err(|_| NetnsError::Thread { path: self.path.clone(), reason: "panicked".into() })?
         })
     }
-
-    /// Starts a thread called `name` that enters this namespace once and then runs the jobs handed to the returned
-    /// [`NetnsThread`], one at a time, until the handle is dropped. Returns once the thread is inside the namespace,
-    /// so a namespace that cannot be entered fails here, not on the first job.
-    ///
-    /// The thread holds its own reference to the namespace while it runs.
-    pub fn spawn_thread(&self, name: &str) -> Result<NetnsThread, NetnsError> {
-        let thread_err = |reason: String| NetnsError::Thread { path: self.path.clone(), reason };
-        let file = self.file.try_clone().map_err(|e| thread_err(format!("duplicating the netns fd: {e}")))?;
-        let (entered_tx, entered_rx) = mpsc::sync_channel(1);
-        let (jobs, queue) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(move || {
-                let entered = setns(file.as_fd(), CloneFlags::CLONE_NEWNET);
-                drop(file);
-                let inside = entered.is_ok();
-                let _ = entered_tx.send(entered);
-                if !inside {
-                    return;
-                }
-                // Ends when every sender is gone: the handle was dropped.
-                for job in queue {
-                    // A job that panics loses its own result (its reply channel is dropped), not the thread.
-                    let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
-                }
-            })
-            .map_err(|e| thread_err(e.to_string()))?;
-        match entered_rx.recv() {
-            Ok(Ok(())) => Ok(NetnsThread { jobs, path: self.path.clone() }),
-            Ok(Err(source)) => Err(NetnsError::Enter { path: self.path.clone(), source }),
-            Err(_) => Err(thread_err("exited before entering the namespace".into())),
-        }
-    }
-}
-
-/// One unit of work for a [`NetnsThread`].
-type Job = Box<dyn FnOnce() + Send>;
-
-/// A long-lived thread inside a network namespace, started by [`Netns::spawn_thread`]: it runs the jobs it is given
-/// in order, so recurring work in a namespace (creating sockets there) costs a channel send, not a thread spawn and
-/// join. Dropping the handle lets the thread finish the jobs already queued and exit; nothing waits for it.
-#[derive(Debug)]
-pub struct NetnsThread {
-    jobs: mpsc::Sender<Job>,
-    path: PathBuf,
-}
-
-impl NetnsThread {
-    /// Queues `job` to run on the thread, inside the namespace, and returns at once. The job sends its result back
-    /// itself, through whatever channel the caller chose (an async caller awaits a oneshot, so it never blocks).
-    /// Fails only if the thread is gone.
-    pub fn execute(&self, job: impl FnOnce() + Send + 'static) -> Result<(), NetnsError> {
-        self.jobs
-            .send(Box::new(job))
-            .map_err(|_| NetnsError::Thread { path: self.path.clone(), reason: "the netns thread has exited".into() })
-    }
-
-    /// Runs `f` on the thread, inside the namespace, and waits for its result, blocking the caller (for callers
-    /// that are not async; an async caller uses [`NetnsThread::execute`] with a oneshot instead).
-    pub fn run<F, T>(&self, f: F) -> Result<T, NetnsError>
-    where
-        F: FnOnce() -> T + Send + 'static,
-        T: Send + 'static,
-    {
-        let (reply, result) = mpsc::sync_channel(1);
-        self.execute(move || {
-            let _ = reply.send(f());
-        })?;
-        result.recv().map_err(|_| NetnsError::Thread { path: self.path.clone(), reason: "the job panicked".into() })
-    }
-
-    /// Path of the namespace the thread runs in.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 #[cfg(test)]
@@ -271,25 +192,6 @@ mod tests {
         let ns = Netns::current().expect("open own netns");
         let inner = ns.run(|| Netns::current().map(|n| n.id())).unwrap().unwrap();
         assert_eq!(inner, ns.id());
-    }
-
-    #[test]
-    fn a_netns_thread_runs_every_job_on_one_thread_inside_the_namespace() {
-        let ns = Netns::current().expect("open own netns");
-        let thread = ns.spawn_thread("netns-test").expect("spawn");
-        let first = thread.run(|| (std::thread::current().name().map(str::to_owned), nix::unistd::gettid())).unwrap();
-        let second = thread.run(nix::unistd::gettid).unwrap();
-        assert_eq!(first, (Some("netns-test".to_owned()), second), "same named thread for every job");
-        assert_eq!(thread.run(|| Netns::current().map(|n| n.id())).unwrap().unwrap(), ns.id());
-    }
-
-    #[test]
-    fn a_panicking_job_loses_its_result_not_the_thread() {
-        let ns = Netns::current().expect("open own netns");
-        let thread = ns.spawn_thread("netns-test").expect("spawn");
-        let err = thread.run(|| -> () { panic!("job failed") }).unwrap_err();
-        assert!(err.to_string().contains("panicked"), "{err}");
-        assert_eq!(thread.run(|| 7).unwrap(), 7, "the thread still runs jobs");
     }
 
     #[test]
