@@ -191,6 +191,35 @@ fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> S
     parts.join(", ")
 }
 
+/// The kernel's share of two agent phases at the node's current size, taken with no pod and no daemon involved:
+/// what the node itself costs, not our per-pod work.
+struct KernelFloor {
+    /// The agent's in-pod rules (`ambient::build` of the defaults, native nftables), programmed into a fresh netns
+    /// that is attached to nothing (its creation not timed): the `rules` phase without the agent.
+    rules: Duration,
+    /// One open and read of `/proc/sys/net/ipv4/tcp_migrate_req` inside that netns: what the proxy does once per pod
+    /// it starts (its share of `proxy_ack`). The kernel's sysctl lookup walks one entry per network namespace.
+    sysctl: Duration,
+}
+
+/// Measures a [`KernelFloor`] now.
+fn kernel_floor() -> KernelFloor {
+    let guard = testbed::NetnsGuard::new("floor");
+    let netns = guard.open().expect("open the floor netns");
+    let plan = redirect::ambient::build(&redirect::ambient::InpodConfig::default());
+    let start = Instant::now();
+    redirect::backend::Backend::Nftables.apply_ambient(&netns, &plan).expect("program the rules floor");
+    let rules = start.elapsed();
+    let sysctl = netns
+        .run(|| {
+            let start = Instant::now();
+            std::fs::read("/proc/sys/net/ipv4/tcp_migrate_req").expect("read tcp_migrate_req");
+            start.elapsed()
+        })
+        .expect("enter the floor netns");
+    KernelFloor { rules, sysctl }
+}
+
 /// One window's figures.
 struct Window {
     /// Pod indexes (half-open).
@@ -201,6 +230,10 @@ struct Window {
     chain: Duration,
     /// Median `CNI_COMMAND=VERSION` exec of our plugin in it.
     exec: Duration,
+    /// Median [`KernelFloor::rules`] in it.
+    rules_floor: Duration,
+    /// Median [`KernelFloor::sysctl`] in it.
+    sysctl_floor: Duration,
     /// The agent's phase means in it.
     phases: String,
 }
@@ -240,6 +273,7 @@ pub fn run(counts: Counts) -> Section {
     // node's own load does to any process as pods are added.
     let plugin = testbed::bins::path(istio_contract::names::PLUGIN_TYPE);
     let mut version: Vec<(usize, Duration)> = Vec::new();
+    let mut kernel: Vec<(usize, KernelFloor)> = Vec::new();
     let mut phases_at = Vec::new();
     let start = Instant::now();
     let mut pods = Vec::with_capacity(n);
@@ -268,6 +302,7 @@ pub fn run(counts: Counts) -> Section {
             chain.push((i, attached.took));
             drop(attached);
             version.push((i, timed_exec(&plugin)));
+            kernel.push((i, kernel_floor()));
             chain_time += probe.elapsed();
         }
     }
@@ -290,9 +325,21 @@ pub fn run(counts: Counts) -> Section {
             let execs: Vec<Duration> =
                 version.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, took)| *took).collect();
             let exec = Summary::of(&execs).median;
+            let floors: Vec<&KernelFloor> =
+                kernel.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, f)| f).collect();
+            let rules_floor = Summary::of(&floors.iter().map(|f| f.rules).collect::<Vec<_>>()).median;
+            let sysctl_floor = Summary::of(&floors.iter().map(|f| f.sysctl).collect::<Vec<_>>()).median;
             let reading =
                 |at: usize| phases_at.iter().find(|(i, _)| *i == at).map(|(_, p)| p.clone()).unwrap_or_default();
-            Window { range: (from, to), ours, chain, exec, phases: phase_means(&reading(from), &reading(to)) }
+            Window {
+                range: (from, to),
+                ours,
+                chain,
+                exec,
+                rules_floor,
+                sysctl_floor,
+                phases: phase_means(&reading(from), &reading(to)),
+            }
         })
         .collect();
 
@@ -424,24 +471,29 @@ fn growth(n: usize, windows: &[Window]) -> String {
          adds a port to a bridge that has n ports). \"Added\" is the window's median ADD → annotation less that \
          chain's median: what istio-cni, the node agent and the proxy's ack add. The phases are the agent's own \
          (`nodeagent_enrollment_duration_seconds`, mean per pod in the window, µs). Beside each chain probe our \
-         plugin was exec'd with `CNI_COMMAND=VERSION`, which does no per-pod work at all: how much the node's \
-         own load (soft-IRQ work for every bridge port, the rtnl lock) slows any process at that pod count.\n",
+         plugin was exec'd with `CNI_COMMAND=VERSION`, which does no per-pod work at all, and two kernel floors \
+         were taken with no pod or daemon involved: the agent's in-pod rules programmed into a fresh netns \
+         attached to nothing (its `rules` phase without the agent), and one open of \
+         `/proc/sys/net/ipv4/tcp_migrate_req` in a netns (what the proxy does once per pod it starts, part of \
+         `proxy_ack`; the kernel's sysctl lookup walks one entry per network namespace).\n",
         windows[0].range.1 - windows[0].range.0
     );
     let _ = writeln!(
         s,
-        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | istio-cni VERSION exec, median µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---|"
+        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | istio-cni VERSION exec, median µs | rules into an empty netns, median µs | sysctl open in a netns, median µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---:|---:|---|"
     );
     for w in windows {
         let _ = writeln!(
             s,
-            "| {}–{} | {} | {} | {} | {} | {} |",
+            "| {}–{} | {} | {} | {} | {} | {} | {} | {} |",
             w.range.0 + 1,
             w.range.1,
             us(w.ours),
             us(w.chain),
             us(w.added()),
             us(w.exec),
+            us(w.rules_floor),
+            us(w.sysctl_floor),
             w.phases
         );
     }
@@ -453,7 +505,8 @@ fn growth(n: usize, windows: &[Window]) -> String {
         "\n- Added by istio-cni and the agent, pods {}–{n} against pods 1–{}: {added:.2}× (target ≤1.2×: {}); \
          against pods {}–{}: {:.2}×.\n\
          - ADD → annotation including the chain: {whole:.2}× (the bridge and host-local's own growth: {:.2}×).\n\
-         - The floor: a VERSION exec of istio-cni, pods {}–{n} against pods 1–{}: {:.2}×.",
+         - The floors, pods {}–{n} against pods 1–{}: a VERSION exec of istio-cni {:.2}×; the rules into an \
+         empty netns {:.2}× ({} → {} µs); the sysctl open {:.2}× ({} → {} µs).",
         last.range.0 + 1,
         first.range.1,
         if added <= 1.2 { "met" } else { "NOT met" },
@@ -464,6 +517,12 @@ fn growth(n: usize, windows: &[Window]) -> String {
         last.range.0 + 1,
         first.range.1,
         ratio(last.exec, first.exec),
+        ratio(last.rules_floor, first.rules_floor),
+        us(first.rules_floor),
+        us(last.rules_floor),
+        ratio(last.sysctl_floor, first.sysctl_floor),
+        us(first.sysctl_floor),
+        us(last.sysctl_floor),
     );
     s
 }
