@@ -9,8 +9,8 @@
 //!
 //! Guarantees: every figure is read from the server's own counters ([`fake_apiserver::TrafficRecord`]) or from
 //! `/proc/<pid>/status`, after a condition (a watched state every component reached) rather than after a fixed
-//! time, except the idle window, whose length is the measurement; the report says which pods were enrolled for
-//! real and which were only stored.
+//! time (the idle window ends once the server has sent every open watch a bookmark); the report says which pods
+//! were enrolled for real and which were only stored.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -28,6 +28,7 @@ use testbed::node_agent::{ambient_conflist, ambient_pod, namespace, redirection,
 use testbed::Pod;
 
 use crate::load::{self, Load};
+use crate::process_figures::{cpu_time, rss_kib};
 use crate::report::Section;
 use crate::stats::Counts;
 
@@ -40,11 +41,11 @@ const NODES: usize = 4;
 const REMOTE_PER_POD: usize = 20;
 /// Pods per "other node" in the stored population (so they spread over nodes as in the model).
 const REMOTE_PODS_PER_NODE: usize = 100;
-/// How long the fleet is left alone to count what it asks for when nothing changes: past the fake's bookmark
-/// interval (a minute, as the real server's), so every watch that asked for bookmarks gets one.
-const IDLE: Duration = Duration::from_secs(65);
-/// The idle window of a `--quick` run (which only checks that the scenario still runs).
-const QUICK_IDLE: Duration = Duration::from_secs(3);
+/// The server's bookmark interval: a minute, as the real server's. The idle window lasts until every open watch
+/// has been sent one, so it spans about one interval.
+const BOOKMARKS: Duration = Duration::from_secs(60);
+/// The bookmark interval of a `--quick` run (which only checks that the scenario still runs).
+const QUICK_BOOKMARKS: Duration = Duration::from_secs(1);
 /// How long any fleet-wide convergence may take before the run is declared broken.
 const LIMIT: Duration = Duration::from_secs(300);
 /// Log level of the agents and proxies.
@@ -107,26 +108,6 @@ fn start_proxy(node: &FleetNode, agent: &NodeAgent, dir: &TempDir) -> Proxy {
     Proxy::start(&node.cluster, agent, dir.path(), &dir.path().join("workloads.yaml"), &[("LOG_LEVEL", QUIET)])
 }
 
-/// Resident set size of `pid` in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read process status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix(" kB")?.trim().parse().ok())
-        .expect("VmRSS in status")
-}
-
-/// CPU time (user + system) process `pid` has used, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read process stat");
-    // Fields after the command (which may hold spaces), from field 3 on: utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')').expect("stat has a command") + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    let ticks: f64 = fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
-    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100);
-    ticks / per_second as f64
-}
-
 /// Polls `probe` every 10 ms until it holds, or panics naming `what` after [`LIMIT`].
 fn until(what: &str, probe: impl FnMut() -> Option<()>) {
     until_every(what, Duration::from_millis(10), probe);
@@ -178,13 +159,13 @@ fn until_listed(fleet: &Fleet, nodes: &[SimNode], events: u64, listed: usize) ->
 /// Mean CPU seconds one `/config_dump` costs each proxy as it is now (over a few reads).
 fn dump_cpu(nodes: &[SimNode]) -> f64 {
     const READS: usize = 5;
-    let before: Vec<f64> = nodes.iter().map(|n| cpu_seconds(n.proxy.pid())).collect();
+    let before: Vec<f64> = nodes.iter().map(|n| cpu_time(n.proxy.pid()).as_secs_f64()).collect();
     for _ in 0..READS {
         for n in nodes {
             let _ = n.proxy.kubernetes_addresses();
         }
     }
-    let used: f64 = nodes.iter().zip(&before).map(|(n, b)| cpu_seconds(n.proxy.pid()) - b).sum();
+    let used: f64 = nodes.iter().zip(&before).map(|(n, b)| cpu_time(n.proxy.pid()).as_secs_f64() - b).sum();
     used / (READS * nodes.len()) as f64
 }
 
@@ -339,14 +320,15 @@ fn rss(nodes: &[SimNode]) -> (f64, f64) {
 }
 
 /// Runs the scenario and returns its report section (`counts.iterations` pods enrolled on each node; `quick`
-/// shortens the idle window and leaves out the real kube-apiserver's pod sizes).
+/// has the server send bookmarks every second, which shortens the idle window, and leaves out the real
+/// kube-apiserver's pod sizes).
 pub fn run(counts: Counts, quick: bool) -> Section {
-    let idle = if quick { QUICK_IDLE } else { IDLE };
+    let bookmarks = if quick { QUICK_BOOKMARKS } else { BOOKMARKS };
     let per_node = counts.iterations;
     let enrolled = NODES * per_node;
     let remote = enrolled * REMOTE_PER_POD;
     let load_start = Load::sample();
-    let fleet = Fleet::start();
+    let fleet = Fleet::start_with_bookmarks(bookmarks);
     fleet.api.upsert(namespace(NS, json!({}))).expect("store namespace");
 
     println!("fleet: starting {NODES} nodes (agent + proxy each)");
@@ -386,24 +368,29 @@ pub fn run(counts: Counts, quick: bool) -> Section {
     let rss_own = rss(&nodes);
 
     println!("fleet: storing {remote} pods of other nodes");
-    let cpu_before: Vec<f64> = nodes.iter().map(|n| cpu_seconds(n.proxy.pid())).collect();
+    let cpu_before: Vec<f64> = nodes.iter().map(|n| cpu_time(n.proxy.pid()).as_secs_f64()).collect();
     let stored = Instant::now();
     for i in 0..remote {
         fleet.api.upsert(remote_pod(i)).expect("store a pod of another node");
     }
     let polls = until_listed(&fleet, &nodes, remote as u64, enrolled + remote);
     let applied = stored.elapsed();
-    let cpu: Vec<f64> = nodes.iter().zip(&cpu_before).map(|(n, before)| cpu_seconds(n.proxy.pid()) - before).collect();
+    let cpu: Vec<f64> =
+        nodes.iter().zip(&cpu_before).map(|(n, before)| cpu_time(n.proxy.pid()).as_secs_f64() - before).collect();
     // Less what the waiting's own `/config_dump` reads cost (each at most what one costs now, with every pod).
     let dump = dump_cpu(&nodes);
     let proxy_cpu = (cpu.iter().sum::<f64>() / cpu.len() as f64 - polls as f64 * dump).max(0.0);
     let (remote_records, remote_tally) = take(&fleet);
     let rss_remote = rss(&nodes);
 
-    println!("fleet: idle for {idle:?}");
+    println!("fleet: idle until every open watch has been sent a bookmark (one every {bookmarks:?})");
     let idle_start = Instant::now();
-    // The window is the measurement (what the fleet asks for in this long), not a wait for a condition.
-    std::thread::sleep(idle);
+    let watches = || fleet.api.open_watches("pods") + fleet.api.open_watches("namespaces");
+    let bookmarked = || fleet.api.traffic().iter().map(|r| r.bookmarks).sum::<u64>() as usize;
+    let idle_end = testbed::wait::within_every(idle_start, 2 * bookmarks + LIMIT, Duration::from_millis(100), || {
+        (bookmarked() >= watches()).then_some(())
+    });
+    assert!(idle_end.is_some(), "the {} open watches were not all sent a bookmark", watches());
     let idle_seconds = idle_start.elapsed().as_secs_f64();
     let (_, idle_tally) = take(&fleet);
 

@@ -15,6 +15,7 @@ mod istio_ref;
 mod load;
 mod node_scale;
 mod pod_rules;
+mod process_figures;
 mod report;
 mod scene;
 mod sidecar_setup;

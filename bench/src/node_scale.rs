@@ -14,6 +14,7 @@ use crate::attach::timed_add;
 use crate::istio_node::IstioNode;
 use crate::istio_ref;
 use crate::load::{self, Load};
+use crate::process_figures::{cpu_time, rss_kib, threads};
 use crate::report::Section;
 use crate::scene::{AmbientNode, NS};
 use crate::sidecar_setup::timed_exec;
@@ -85,33 +86,9 @@ const PROXY_NOTE: &str = "### hbone-proxy at scale (#31)\n\
      now changes that pod's directory entry alone.\n\
      ";
 
-/// Resident set size of `pid` in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read process status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix(" kB")?.trim().parse().ok())
-        .expect("VmRSS in status")
-}
-
-/// CPU time (user + system) process `pid` has used so far, from `/proc/<pid>/stat` (in clock ticks).
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read process stat");
-    // The fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat.rsplit_once(')').expect("a command name in stat").1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
-    Duration::from_secs_f64(ticks as f64 / hz)
-}
-
 /// `d` in milliseconds.
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// How many threads process `pid` runs.
-fn threads(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task")).map(Iterator::count).unwrap_or(0)
 }
 
 /// The value of gauge `name` in a Prometheus exposition.

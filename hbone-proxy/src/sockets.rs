@@ -325,7 +325,6 @@ pub fn reset(stream: TcpStream) {
 mod tests {
     use std::collections::HashSet;
     use std::os::unix::fs::MetadataExt as _;
-    use std::time::Instant;
 
     use super::*;
 
@@ -389,15 +388,10 @@ mod tests {
         }
         assert_eq!(socket_thread_netns().len(), SOCKET_THREADS, "a fixed few threads, whatever the pods");
         let pod_ids: HashSet<(u64, u64)> = namespaces.iter().map(|n| n.id()).collect();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let inside: Vec<_> = socket_thread_netns().into_iter().filter(|id| pod_ids.contains(id)).collect();
-            if inside.is_empty() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "idle socket threads still inside pod namespaces: {inside:?}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        testbed::wait::eventually_async("the idle socket threads have left every pod's namespace", || {
+            socket_thread_netns().iter().all(|id| !pod_ids.contains(id)).then_some(())
+        })
+        .await;
     }
 
     #[tokio::test]

@@ -22,15 +22,15 @@ use crate::node::Node;
 
 /// The fleet server's configuration: [`Config::strict`] (https, tokens, RBAC, graceful deletion, the real
 /// server's field selectors) with the real server's watch timing: no server-side cap below the client's own
-/// `timeoutSeconds` (kube clients ask for 290 s), a bookmark a minute, 75 s of history, with room for the tens of
-/// thousands of events a fleet's pods make.
-pub fn fleet_config(state_dir: &Path) -> Config {
+/// `timeoutSeconds` (kube clients ask for 290 s), a bookmark every `bookmark_interval` (the real server's: a
+/// minute), 75 s of history, with room for the tens of thousands of events a fleet's pods make.
+pub fn fleet_config(state_dir: &Path, bookmark_interval: Duration) -> Config {
     let strict = Config::strict();
     Config {
         state_dir: Some(state_dir.to_path_buf()),
         watch: WatchConfig {
             min_timeout: None,
-            bookmark_interval: Duration::from_secs(60),
+            bookmark_interval,
             history_events: 200_000,
             history_age: Some(Duration::from_secs(75)),
             ..strict.watch
@@ -52,11 +52,17 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts the server ([`fleet_config`]) seeded with the chart's RBAC (ambient and the bundled proxy on).
+    /// Starts the server ([`fleet_config`], a bookmark a minute) seeded with the chart's RBAC (ambient and the
+    /// bundled proxy on).
     pub fn start() -> Fleet {
+        Self::start_with_bookmarks(Duration::from_secs(60))
+    }
+
+    /// [`Fleet::start`] with a bookmark every `bookmark_interval` (a short one lets a quick run see bookmarks).
+    pub fn start_with_bookmarks(bookmark_interval: Duration) -> Fleet {
         let state = tempfile::Builder::new().prefix("fleet-apiserver-").tempdir().expect("fleet state dir");
         let api = FakeApiServer::builder()
-            .config(fleet_config(state.path()))
+            .config(fleet_config(state.path(), bookmark_interval))
             .front_end("hub")
             .objects(chart_rbac(&[]))
             .start()
