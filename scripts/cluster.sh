@@ -330,6 +330,17 @@ up() {
 
   log "kube-apiserver"
   local p="$STATE/pki"
+  # The audit log records every request our components make (the service accounts of istio-system), with the
+  # user agent that tells the node agent from the plugin: the real-node test of the agent's API load reads it.
+  cat >"$STATE/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  userGroups: ["system:serviceaccounts:istio-system"]
+- level: None
+EOF
   start kube-apiserver kube-apiserver --etcd-servers=http://127.0.0.1:2379 --advertise-address="$NODE_IP" \
     --bind-address=0.0.0.0 --secure-port=6443 --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
     --client-ca-file="$p/ca.crt" --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
@@ -338,7 +349,9 @@ up() {
     --service-account-signing-key-file="$p/sa.key" \
     --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" --kubelet-client-key="$p/apiserver-kubelet-client.key" \
     --kubelet-certificate-authority="$p/ca.crt" --kubelet-preferred-address-types=InternalIP \
-    --service-node-port-range=30000-32767 --profiling=false --v=1
+    --service-node-port-range=30000-32767 --profiling=false --v=1 \
+    --audit-policy-file="$STATE/audit-policy.yaml" --audit-log-path="$STATE/audit.log" --audit-log-format=json \
+    --audit-log-maxsize=200 --audit-log-maxbackup=1
   wait_for 90 kube-apiserver kubectl --kubeconfig "$STATE/admin.kubeconfig" get --raw /readyz
 
   log "containerd $(containerd --version | awk '{print $3}')"

@@ -126,20 +126,25 @@ fn windows(n: usize) -> [(usize, usize); 3] {
     [(0, w), (quarter, quarter + w), (n - w, n)]
 }
 
-/// The agent's enrollment phases as `(phase, count, sum in seconds)`, from its histogram.
+/// The agent's enrollment phases as `(phase, count, sum in seconds)`, from its histogram, and its plugin requests
+/// as a whole (lookup, checks and every phase) as one more, `request`.
 fn phase_sums(metrics: &str) -> Vec<(String, f64, f64)> {
     let mut out: Vec<(String, f64, f64)> = Vec::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("nodeagent_enrollment_duration_seconds_") else { continue };
-        let (kind, rest) = match rest.split_once('{') {
-            Some(split) => split,
-            None => continue,
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        let (kind, phase) = if let Some(rest) = series.strip_prefix("nodeagent_enrollment_duration_seconds_") {
+            let Some((kind, labels)) = rest.split_once('{') else { continue };
+            let Some(phase) = labels.split("phase=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
+            (kind, phase)
+        } else if let Some(kind) = series.strip_prefix("nodeagent_plugin_request_duration_seconds_") {
+            (kind, "request")
+        } else {
+            continue;
         };
         if kind != "sum" && kind != "count" {
             continue;
         }
-        let Some(phase) = rest.split("phase=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
-        let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
         let entry = match out.iter_mut().position(|(p, _, _)| p == phase) {
             Some(i) => &mut out[i],
             None => {
@@ -156,16 +161,16 @@ fn phase_sums(metrics: &str) -> Vec<(String, f64, f64)> {
     out
 }
 
-/// The mean of each phase between two readings of [`phase_sums`], in microseconds, as `phase mean` pairs.
-fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> String {
-    let mut parts = Vec::new();
+/// The mean of each phase between two readings of [`phase_sums`], in microseconds.
+fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> Vec<(String, f64)> {
+    let mut means = Vec::new();
     for (phase, count, sum) in after {
         let (c0, s0) = before.iter().find(|(p, _, _)| p == phase).map_or((0.0, 0.0), |(_, c, s)| (*c, *s));
         if count > &c0 {
-            parts.push(format!("{phase} {:.0}", (sum - s0) / (count - c0) * 1e6));
+            means.push((phase.clone(), (sum - s0) / (count - c0) * 1e6));
         }
     }
-    parts.join(", ")
+    means
 }
 
 /// The kernel's share of two agent phases at the node's current size, taken with no pod and no daemon involved:
@@ -203,6 +208,8 @@ struct Window {
     range: (usize, usize),
     /// Median ADD → annotation of our pods in it.
     ours: Duration,
+    /// Median wall time of our pods' ADD alone (the whole chain, istio-cni included).
+    ours_add: Duration,
     /// Median ADD of the chain without istio-cni in it.
     chain: Duration,
     /// Median `CNI_COMMAND=VERSION` exec of our plugin in it.
@@ -211,14 +218,41 @@ struct Window {
     rules_floor: Duration,
     /// Median [`KernelFloor::sysctl`] in it.
     sysctl_floor: Duration,
-    /// The agent's phase means in it.
-    phases: String,
+    /// CPU time per pod in it: the agent, the proxy, and the bench's own process (the fake API server and the
+    /// runtime).
+    cpu_per_pod: [Duration; 3],
+    /// The agent's phase means in it, µs ([`phase_means`]; `request` is the whole plugin request).
+    phases: Vec<(String, f64)>,
 }
 
 impl Window {
     /// What istio-cni and the agent add to the chain: the window's medians' difference.
     fn added(&self) -> Duration {
         self.ours.saturating_sub(self.chain)
+    }
+
+    /// The part of [`Self::added`] inside the ADD: the window's median ADD of our chain less the chain's.
+    fn inside_add(&self) -> Duration {
+        self.ours_add.saturating_sub(self.chain)
+    }
+
+    /// The agent's mean answer to a plugin request in the window.
+    fn request(&self) -> Duration {
+        self.phases
+            .iter()
+            .find(|(p, _)| p == "request")
+            .map_or(Duration::ZERO, |(_, us)| Duration::from_secs_f64(us / 1e6))
+    }
+
+    /// The sum of the agent's enrollment phase means (not counting `request`, which holds them).
+    fn phases_sum(&self) -> Duration {
+        let us: f64 = self.phases.iter().filter(|(p, _)| p != "request").map(|(_, us)| us).sum();
+        Duration::from_secs_f64(us / 1e6)
+    }
+
+    /// The phases as `phase mean` pairs.
+    fn phases_text(&self) -> String {
+        self.phases.iter().map(|(p, us)| format!("{p} {us:.0}")).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -252,9 +286,14 @@ pub fn run(counts: Counts) -> Section {
     let mut version: Vec<(usize, Duration)> = Vec::new();
     let mut kernel: Vec<(usize, KernelFloor)> = Vec::new();
     let mut phases_at = Vec::new();
+    // CPU time of the agent, the proxy and this process (the fake API server, the runtime) at the same points.
+    let mut cpu_at: Vec<(usize, [Duration; 3])> = Vec::new();
+    let cpu_now =
+        |node: &AmbientNode| [cpu_time(node.agent.pid()), cpu_time(node.proxy.pid()), cpu_time(std::process::id())];
     let start = Instant::now();
     let mut pods = Vec::with_capacity(n);
     let mut latencies = Vec::with_capacity(n);
+    let mut adds = Vec::with_capacity(n);
     let mut chain_time = Duration::ZERO;
     // The proxy's CPU over the first and the last `window` enrollments: whether a pod costs more on a fuller node.
     let window = CPU_WINDOW.min(n / 2).max(1);
@@ -265,9 +304,11 @@ pub fn run(counts: Counts) -> Section {
         }
         if windows.iter().any(|(from, to)| i == *from || i == *to) {
             phases_at.push((i, phase_sums(&node.agent.metrics())));
+            cpu_at.push((i, cpu_now(&node)));
         }
         let (pod, took) = node.add_pod(&format!("s{i}"));
         latencies.push(took);
+        adds.push(pod.took);
         pods.push(pod);
         if i + 1 == window {
             proxy_cpu[1] = cpu_time(node.proxy.pid());
@@ -284,6 +325,7 @@ pub fn run(counts: Counts) -> Section {
         }
     }
     phases_at.push((n, phase_sums(&node.agent.metrics())));
+    cpu_at.push((n, cpu_now(&node)));
     let enrolled = until(start, "the proxy runs every pod", || proxy_active(&node) == Some(n as f64));
     // The chain-only probes are not enrollment: their time (ADD and DEL) is taken out of the throughput.
     let enrolled = enrolled.saturating_sub(chain_time);
@@ -296,6 +338,7 @@ pub fn run(counts: Counts) -> Section {
         .iter()
         .map(|&(from, to)| {
             let ours = Summary::of(&latencies[from..to]).median;
+            let ours_add = Summary::of(&adds[from..to]).median;
             let probes: Vec<Duration> =
                 chain.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, took)| *took).collect();
             let chain = Summary::of(&probes).median;
@@ -308,9 +351,14 @@ pub fn run(counts: Counts) -> Section {
             let sysctl_floor = Summary::of(&floors.iter().map(|f| f.sysctl).collect::<Vec<_>>()).median;
             let reading =
                 |at: usize| phases_at.iter().find(|(i, _)| *i == at).map(|(_, p)| p.clone()).unwrap_or_default();
+            let cpu = |at: usize| cpu_at.iter().find(|(i, _)| *i == at).map_or([Duration::ZERO; 3], |(_, c)| *c);
+            let (c0, c1) = (cpu(from), cpu(to));
+            let cpu_per_pod = [0, 1, 2].map(|k| c1[k].saturating_sub(c0[k]) / (to - from).max(1) as u32);
             Window {
                 range: (from, to),
+                cpu_per_pod,
                 ours,
+                ours_add,
                 chain,
                 exec,
                 rules_floor,
@@ -446,7 +494,13 @@ fn growth(n: usize, windows: &[Window]) -> String {
          /20, at the same pod count) and was removed again (not counted in the throughput): the primary chain's \
          own cost at that size, which grows by itself (host-local reads every allocation file per ADD; the kernel \
          adds a port to a bridge that has n ports). \"Added\" is the window's median ADD → annotation less that \
-         chain's median: what istio-cni, the node agent and the proxy's ack add. The phases are the agent's own \
+         chain's median: what istio-cni, the node agent and the proxy's ack add. It is split at the ADD's return: \
+         inside the ADD (the window's median ADD of our chain less the chain's: istio-cni's exec, its request to \
+         the agent and the agent's whole enrollment, answered before the plugin returns), and after it (until the \
+         bench saw the annotation in the API server). The part inside the ADD is split once more by the agent's own \
+         clock (`nodeagent_plugin_request_duration_seconds`, mean): the agent's answer (from the request's arrival: \
+         the pod lookup, which waits for the agent's watch to deliver the pod, the checks, opening the netns and \
+         the enrollment's phases) and istio-cni outside it (its process, its config, the request's round trip). The phases are the agent's own \
          (`nodeagent_enrollment_duration_seconds`, mean per pod in the window, µs). Beside each chain probe our \
          plugin was exec'd with `CNI_COMMAND=VERSION`, which does no per-pod work at all, and two kernel floors \
          were taken with no pod or daemon involved: the agent's in-pod rules programmed into a fresh netns \
@@ -457,21 +511,29 @@ fn growth(n: usize, windows: &[Window]) -> String {
     );
     let _ = writeln!(
         s,
-        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | istio-cni VERSION exec, median µs | rules into an empty netns, median µs | sysctl open in a netns, median µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---:|---:|---|"
+        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | of which inside the ADD, µs | of which after the ADD returned, µs | the agent's answer, mean µs | istio-cni outside the agent's answer, µs | the answer outside the phases, µs | istio-cni VERSION exec, median µs | rules into an empty netns, median µs | sysctl open in a netns, median µs | CPU per pod: agent / proxy / fake API server and runtime, µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for w in windows {
         let _ = writeln!(
             s,
-            "| {}–{} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {}–{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} |",
             w.range.0 + 1,
             w.range.1,
             us(w.ours),
             us(w.chain),
             us(w.added()),
+            us(w.inside_add()),
+            us(w.ours.saturating_sub(w.ours_add)),
+            us(w.request()),
+            us(w.inside_add().saturating_sub(w.request())),
+            us(w.request().saturating_sub(w.phases_sum())),
             us(w.exec),
             us(w.rules_floor),
             us(w.sysctl_floor),
-            w.phases
+            us(w.cpu_per_pod[0]),
+            us(w.cpu_per_pod[1]),
+            us(w.cpu_per_pod[2]),
+            w.phases_text()
         );
     }
     let (first, quarter, last) = (&windows[0], &windows[1], &windows[windows.len() - 1]);
@@ -482,6 +544,8 @@ fn growth(n: usize, windows: &[Window]) -> String {
         "\n- Added by istio-cni and the agent, pods {}–{n} against pods 1–{}: {added:.2}× (target ≤1.2×: {}); \
          against pods {}–{}: {:.2}×.\n\
          - ADD → annotation including the chain: {whole:.2}× (the bridge and host-local's own growth: {:.2}×).\n\
+         - The added cost's growth, pods {}–{n} less pods 1–{}: {} µs; of it, after the ADD {} µs, istio-cni \
+         outside the agent's answer {} µs, the answer outside the phases {} µs, the phases {} µs.\n\
          - The floors, pods {}–{n} against pods 1–{}: a VERSION exec of istio-cni {:.2}×; the rules into an \
          empty netns {:.2}× ({} → {} µs); the sysctl open {:.2}× ({} → {} µs).",
         last.range.0 + 1,
@@ -493,6 +557,13 @@ fn growth(n: usize, windows: &[Window]) -> String {
         ratio(last.chain, first.chain),
         last.range.0 + 1,
         first.range.1,
+        signed_us(last.added(), first.added()),
+        signed_us(last.ours.saturating_sub(last.ours_add), first.ours.saturating_sub(first.ours_add)),
+        signed_us(last.inside_add().saturating_sub(last.request()), first.inside_add().saturating_sub(first.request())),
+        signed_us(last.request().saturating_sub(last.phases_sum()), first.request().saturating_sub(first.phases_sum())),
+        signed_us(last.phases_sum(), first.phases_sum()),
+        last.range.0 + 1,
+        first.range.1,
         ratio(last.exec, first.exec),
         ratio(last.rules_floor, first.rules_floor),
         us(first.rules_floor),
@@ -502,6 +573,11 @@ fn growth(n: usize, windows: &[Window]) -> String {
         us(last.sysctl_floor),
     );
     s
+}
+
+/// `later − earlier` in whole microseconds, signed.
+fn signed_us(later: Duration, earlier: Duration) -> String {
+    format!("{:+.0}", (later.as_secs_f64() - earlier.as_secs_f64()) * 1e6)
 }
 
 /// The concurrent run's figures.
@@ -639,4 +715,42 @@ fn versus_istio(n: usize, ours: &Figures, istio: &Figures, version: &str) -> Str
         if r <= ISTIO_RSS_TARGET { "met" } else { "NOT met" }
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_phases_and_the_whole_request_are_read_from_the_agents_metrics() {
+        let at = |rules: f64, request: f64, count: f64| {
+            format!(
+                "nodeagent_enrollment_duration_seconds_sum{{phase=\"rules\"}} {rules}\n\
+                 nodeagent_enrollment_duration_seconds_count{{phase=\"rules\"}} {count}\n\
+                 nodeagent_enrollment_duration_seconds_bucket{{le=\"0.001\",phase=\"rules\"}} {count}\n\
+                 nodeagent_plugin_request_duration_seconds_sum {request}\n\
+                 nodeagent_plugin_request_duration_seconds_count {count}\n\
+                 nodeagent_plugin_request_duration_seconds_bucket{{le=\"0.001\"}} 0\n"
+            )
+        };
+        let (before, after) = (phase_sums(&at(0.001, 0.004, 1.0)), phase_sums(&at(0.003, 0.014, 3.0)));
+        assert_eq!(after, [("rules".to_string(), 3.0, 0.003), ("request".to_string(), 3.0, 0.014)]);
+        let means = phase_means(&before, &after);
+        assert_eq!(means.len(), 2);
+        assert!((means[0].1 - 1000.0).abs() < 1e-6 && (means[1].1 - 5000.0).abs() < 1e-6, "{means:?}");
+        let window = Window {
+            range: (0, 2),
+            ours: Duration::from_millis(20),
+            ours_add: Duration::from_millis(19),
+            chain: Duration::from_millis(10),
+            exec: Duration::ZERO,
+            rules_floor: Duration::ZERO,
+            sysctl_floor: Duration::ZERO,
+            cpu_per_pod: [Duration::ZERO; 3],
+            phases: means,
+        };
+        assert_eq!(window.request(), Duration::from_millis(5));
+        assert_eq!(window.phases_sum(), Duration::from_millis(1));
+        assert_eq!(window.inside_add(), Duration::from_millis(9));
+    }
 }

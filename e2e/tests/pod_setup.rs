@@ -89,6 +89,14 @@ fn an_ambient_add_is_settled_by_the_agent_with_no_pod_or_namespace_get() {
         let count = format!("nodeagent_enrollment_duration_seconds_count{{phase=\"{phase}\"}}");
         assert_eq!(agent.metric(&count), Some(1), "{phase}: {}", agent.metrics());
     }
+    // The request as a whole, from its arrival to the answer, once: it holds every phase above.
+    assert_eq!(agent.metric("nodeagent_plugin_request_duration_seconds_count"), Some(1), "{}", agent.metrics());
+    let phases: f64 = ["rules", "proxy_ack", "probe", "annotate"]
+        .iter()
+        .filter_map(|p| agent.metric_f64(&format!("nodeagent_enrollment_duration_seconds_sum{{phase=\"{p}\"}}")))
+        .sum();
+    let request = agent.metric_f64("nodeagent_plugin_request_duration_seconds_sum").expect("the request's time");
+    assert!(request >= phases, "the request ({request} s) holds its phases ({phases} s)");
 }
 
 #[test]

@@ -717,3 +717,98 @@ fn uninstall_leaves_the_hosts_bin_dir_and_conflist_as_before() {
     assert_eq!(bins, ["bridge", "host-local", "loopback", "portmap"].iter().map(|s| s.to_string()).collect());
     node.helm_install(&[]);
 }
+
+/// One request in the API server's audit log (`scripts/cluster.sh` logs every request of istio-system's service
+/// accounts at the Metadata level).
+#[derive(Debug)]
+struct Audited {
+    user_agent: String,
+    verb: String,
+    resource: String,
+    namespace: String,
+    uri: String,
+}
+
+/// Every request in the audit log from byte `from` on, once each (a watch is logged when its response starts and
+/// again when it ends).
+fn audited(from: u64) -> Vec<Audited> {
+    let path = testbed::real_node::state_dir().join("audit.log");
+    let text = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (a node started before the audit log was added: restart it with scripts/cluster.sh)",
+            path.display()
+        )
+    });
+    let text = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
+    let mut seen = BTreeSet::new();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|event| seen.insert(event["auditID"].as_str().unwrap_or_default().to_string()))
+        .map(|event| {
+            let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            Audited {
+                user_agent: field(&event["userAgent"]),
+                verb: field(&event["verb"]),
+                resource: field(&event["objectRef"]["resource"]),
+                namespace: field(&event["objectRef"]["namespace"]),
+                uri: field(&event["requestURI"]),
+            }
+        })
+        .collect()
+}
+
+/// The size of the audit log now: where the requests of what follows begin.
+fn audit_log_end() -> u64 {
+    let path = testbed::real_node::state_dir().join("audit.log");
+    std::fs::metadata(&path).map(|m| m.len()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// #31's API load on the real API server: while pods are created and enrolled, the node agent GETs no pod (its
+/// watch already holds them), writes each pod at most once (the annotation), and every pod list and watch it has
+/// made since it started asks for its own node's pods only. The plugin, which asks the agent, sends nothing either.
+/// What each of our components sent in that time is printed, by verb and resource.
+#[test]
+fn on_a_real_api_server_the_agent_gets_no_pod_writes_once_per_pod_and_watches_only_its_node() {
+    let Some((_guard, node)) = node() else { return };
+    let ns = "real-api-load";
+    let replicas = 4;
+    node.delete_namespace(ns);
+    let from = audit_log_end();
+    let pods = enrolled_app(&node, ns, "load", replicas);
+    // Every pod is annotated, so every request of its enrollment has been answered, and so logged.
+    let requests = audited(from);
+    let agent = |r: &&Audited| r.user_agent.starts_with("node-agent/");
+    let mut by_component: std::collections::BTreeMap<(String, String, String), usize> = Default::default();
+    for r in &requests {
+        let component = r.user_agent.split('/').next().unwrap_or_default().to_string();
+        *by_component.entry((component, r.verb.clone(), r.resource.clone())).or_default() += 1;
+    }
+    println!("requests while {replicas} pods were created and enrolled (component, verb, resource: count):");
+    for ((component, verb, resource), count) in &by_component {
+        println!("  {component:<14} {verb:<8} {resource:<24} {count}");
+    }
+    assert!(requests.iter().any(|r| agent(&r)), "no request of the node agent was logged at all: {requests:#?}");
+    let pod_gets: Vec<&Audited> = requests
+        .iter()
+        .filter(|r| r.resource == "pods" && r.verb == "get" && r.namespace == ns)
+        .filter(|r| agent(r) || r.user_agent.starts_with("istio-cni/"))
+        .collect();
+    assert!(pod_gets.is_empty(), "pod GETs by the agent or the plugin: {pod_gets:#?}");
+    let writes: Vec<&Audited> = requests
+        .iter()
+        .filter(agent)
+        .filter(|r| r.resource == "pods" && r.namespace == ns && matches!(r.verb.as_str(), "patch" | "update"))
+        .collect();
+    assert!(!writes.is_empty() && writes.len() <= pods.len(), "{} pods, the agent's writes: {writes:#?}", pods.len());
+    // Since the node started: each pod list and watch of the agent carries its node's field selector.
+    let node_scoped = format!("fieldSelector=spec.nodeName%3D{}", testbed::real_node::NODE_NAME);
+    let reads: Vec<Audited> = audited(0)
+        .into_iter()
+        .filter(|r| r.user_agent.starts_with("node-agent/") && r.resource == "pods")
+        .filter(|r| matches!(r.verb.as_str(), "list" | "watch"))
+        .collect();
+    assert!(!reads.is_empty(), "no pod list or watch of the agent in the audit log");
+    let unscoped: Vec<&Audited> = reads.iter().filter(|r| !r.uri.contains(&node_scoped)).collect();
+    assert!(unscoped.is_empty(), "pod reads of the agent not scoped to {node_scoped}: {unscoped:#?}");
+    node.delete_namespace(ns);
+}

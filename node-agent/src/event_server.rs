@@ -273,7 +273,10 @@ pub async fn serve(
 impl EventServer {
     async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
         let peer = req.extensions().get::<PeerCredentials>().copied();
-        let (status, content_type, body) = match self.answer(req, peer).await {
+        let arrived = std::time::Instant::now();
+        let answered = self.answer(req, peer).await;
+        self.metrics.plugin_request_seconds.observe(arrived.elapsed().as_secs_f64());
+        let (status, content_type, body) = match answered {
             Ok(None) => (StatusCode::OK, TEXT, String::new()),
             Ok(Some(answer)) => match serde_json::to_string(&answer) {
                 Ok(json) => (StatusCode::OK, JSON, json),

@@ -61,7 +61,14 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     }
     let selectors = config.selectors().context("AMBIENT_ENABLEMENT_SELECTOR")?;
     let metrics = probes.with_registry(Metrics::register);
-    let client = kube::Client::try_default().await.context("Kubernetes client")?;
+    let mut kube_config = kube::Config::infer().await.context("Kubernetes client configuration")?;
+    // Named in the API server's audit log, apart from the plugin (the same service account).
+    if let (Ok(name), Ok(value)) =
+        ("user-agent".try_into(), concat!("node-agent/", env!("CARGO_PKG_VERSION")).try_into())
+    {
+        kube_config.headers.push((name, value));
+    }
+    let client = kube::Client::try_from(kube_config).context("Kubernetes client")?;
     // Ambient pods and in-place repairs of sidecar pods get their rules from the same backend.
     let backend = if config.ambient_enabled || repair::repairs_in_place(&config.repair) {
         Some(select_backend(&config).await?)

@@ -95,6 +95,8 @@ pub struct Metrics {
     pub enrolled_pods: Gauge,
     /// Enrollment latency by phase.
     pub enrollment_seconds: Family<Phase, Histogram>,
+    /// Time from a plugin request's arrival to its answer: the pod lookup, the checks and the whole enrollment.
+    pub plugin_request_seconds: Histogram,
     /// Broken pods the repair controller acted on, by action and result.
     pub pods_repaired: Family<RepairType, Counter>,
     /// Scans of `/proc` for running pods' netns; one per namespace label change, however many pods it enrolls.
@@ -119,6 +121,7 @@ impl Metrics {
             ztunnel_connected: Gauge::default(),
             enrolled_pods: Gauge::default(),
             enrollment_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14))),
+            plugin_request_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             pods_repaired: Family::default(),
             proc_scans: Counter::default(),
             probe_selftest_ok: Family::default(),
@@ -143,6 +146,11 @@ impl Metrics {
             "nodeagent_enrollment_duration_seconds",
             "Time spent per enrollment phase (netns, rules, proxy_ack, probe, annotate)",
             m.enrollment_seconds.clone(),
+        );
+        registry.register(
+            "nodeagent_plugin_request_duration_seconds",
+            "Time from a CNI plugin request's arrival to the agent's answer (pod lookup, checks, enrollment)",
+            m.plugin_request_seconds.clone(),
         );
         registry.register(
             "nodeagent_proc_scans",

@@ -52,6 +52,12 @@ impl ApiServer {
                 .map_err(|e| err(e.to_string()))?;
             let timeout = Some(Duration::from_secs(5));
             (config.connect_timeout, config.read_timeout, config.write_timeout) = (timeout, timeout, timeout);
+            // Named in the API server's audit log, apart from the node agent (the same service account).
+            if let (Ok(name), Ok(value)) =
+                ("user-agent".try_into(), concat!("istio-cni/", env!("CARGO_PKG_VERSION")).try_into())
+            {
+                config.headers.push((name, value));
+            }
             Client::try_from(config).map_err(|e| err(e.to_string()))
         })?;
         Ok(ApiServer { runtime, client, attempts: attempts.max(1), interval })

@@ -26,7 +26,16 @@ pub const SOURCE: &str = "kubernetes";
 /// source stays off and says so; an unreachable API is retried for as long as the task runs. `listed` fires once
 /// the directory holds the first complete list of pods (at once when the source is off).
 pub async fn watch_inferred(directory: Directory, listed: oneshot::Sender<()>) {
-    match Client::try_default().await {
+    let client = kube::Config::infer().await.map_err(kube::Error::InferConfig).and_then(|mut config| {
+        // Named in the API server's audit log.
+        if let (Ok(name), Ok(value)) =
+            ("user-agent".try_into(), concat!("hbone-proxy/", env!("CARGO_PKG_VERSION")).try_into())
+        {
+            config.headers.push((name, value));
+        }
+        Client::try_from(config)
+    });
+    match client {
         Ok(client) => watch(client, directory, listed).await,
         Err(error) => {
             tracing::info!(%error, "no Kubernetes configuration: pods are not a workload source");

@@ -215,6 +215,11 @@ impl NodeAgent {
         self.metrics().lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
     }
 
+    /// [`Self::metric`] for a sample that is not a whole number (a histogram's `_sum`).
+    pub fn metric_f64(&self, series: &str) -> Option<f64> {
+        self.metrics().lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     /// How many of the agent's open descriptors refer to the network namespace `ns` (an enrolled pod's netns is
     /// held until the pod is removed).
     pub fn netns_handles(&self, ns: &NetnsGuard) -> usize {

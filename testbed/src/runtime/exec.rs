@@ -69,7 +69,7 @@ pub(crate) fn run(
     let stdout = drain(child.stdout.take().expect("stdout piped"));
     let stderr = drain(child.stderr.take().expect("stderr piped"));
 
-    let status = wait_until(&mut child, deadline);
+    let status = wait_until(child, deadline);
     let collect = |rx: &mpsc::Receiver<Vec<u8>>| {
         // Output of a killed (or daemonizing) plugin may never reach EOF; give the readers a short grace.
         let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(200));
@@ -86,19 +86,24 @@ pub(crate) fn run(
     }
 }
 
-/// Polls the child until it exits or the deadline passes; on timeout kills its process group and reaps it.
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            Ok(None) | Err(_) => break,
+/// Waits for the child to exit, until the deadline; on timeout kills its process group and reaps it. The wait
+/// blocks in `waitpid` on a thread of its own and is woken by the exit itself, as a real runtime's is (Go's
+/// `exec.Cmd.Wait`): polling would round every plugin's measured time up to the poll interval.
+fn wait_until(mut child: Child, deadline: Instant) -> Option<ExitStatus> {
+    let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(status) => status.ok(),
+        Err(_) => {
+            let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+            // The kill ends the wait; the child is reaped before the runtime reports the timeout.
+            let _ = rx.recv();
+            None
         }
     }
-    let pgid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-    let _ = child.wait();
-    None
 }
 
 fn drain(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
