@@ -173,6 +173,27 @@ fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> V
     means
 }
 
+/// istio-cni's own times per sequential pod (`s<i>` → [from `main` to its request, the request's round trip]),
+/// from its log lines `ambient pod enrolled by the node agent before_ms=… agent_ms=…` in the node's run dir.
+fn plugin_log_times(run_dir: &std::path::Path) -> std::collections::HashMap<usize, [Duration; 2]> {
+    let mut times = std::collections::HashMap::new();
+    for name in ["istio-cni.log.1", "istio-cni.log"] {
+        let text = std::fs::read_to_string(run_dir.join(name)).unwrap_or_default();
+        for line in text.lines().filter(|l| l.contains("ambient pod enrolled by the node agent")) {
+            let field = |key: &str| {
+                let value = line.split(&format!(" {key}=")).nth(1)?.split([' ', '}']).next()?;
+                Some(value.trim_matches('"').to_string())
+            };
+            let Some(i) = field("pod").and_then(|p| p.strip_prefix('s')?.parse::<usize>().ok()) else { continue };
+            let ms = |key: &str| field(key)?.parse::<f64>().ok().map(|v| Duration::from_secs_f64(v / 1e3));
+            if let (Some(before), Some(agent)) = (ms("before_ms"), ms("agent_ms")) {
+                times.insert(i, [before, agent]);
+            }
+        }
+    }
+    times
+}
+
 /// The kernel's share of two agent phases at the node's current size, taken with no pod and no daemon involved:
 /// what the node itself costs, not our per-pod work.
 struct KernelFloor {
@@ -218,6 +239,10 @@ struct Window {
     rules_floor: Duration,
     /// Median [`KernelFloor::sysctl`] in it.
     sysctl_floor: Duration,
+    /// Median of istio-cni's own figures in its log: its time from `main` to its request, and the request's
+    /// round trip (the agent's answer and the socket).
+    plugin_before: Duration,
+    plugin_agent: Duration,
     /// CPU time per pod in it: the agent, the proxy, and the bench's own process (the fake API server and the
     /// runtime).
     cpu_per_pod: [Duration; 3],
@@ -334,6 +359,12 @@ pub fn run(counts: Counts) -> Section {
         (proxy_cpu_per_pod(proxy_cpu[0], proxy_cpu[1]), proxy_cpu_per_pod(proxy_cpu[2], cpu_time(node.proxy.pid())));
     let (agent1, proxy1) = (rss_kib(node.agent.pid()), rss_kib(node.proxy.pid()));
     let proxy_threads = threads(node.proxy.pid());
+    let plugin_times = plugin_log_times(&node.cluster.run_dir());
+    if plugin_times.len() < n {
+        println!("node-scale: istio-cni's log gave its own times for {} of {n} pods", plugin_times.len());
+        let text = std::fs::read_to_string(node.cluster.run_dir().join("istio-cni.log")).unwrap_or_default();
+        println!("{}", text.lines().filter(|l| l.contains("enrolled")).take(2).collect::<Vec<_>>().join("\n"));
+    }
     let windows: Vec<Window> = windows
         .iter()
         .map(|&(from, to)| {
@@ -354,8 +385,17 @@ pub fn run(counts: Counts) -> Section {
             let cpu = |at: usize| cpu_at.iter().find(|(i, _)| *i == at).map_or([Duration::ZERO; 3], |(_, c)| *c);
             let (c0, c1) = (cpu(from), cpu(to));
             let cpu_per_pod = [0, 1, 2].map(|k| c1[k].saturating_sub(c0[k]) / (to - from).max(1) as u32);
+            let logged = |k: usize| {
+                let values: Vec<Duration> = (from..to).filter_map(|i| plugin_times.get(&i).map(|t| t[k])).collect();
+                if values.is_empty() {
+                    return Duration::ZERO;
+                }
+                Summary::of(&values).median
+            };
             Window {
                 range: (from, to),
+                plugin_before: logged(0),
+                plugin_agent: logged(1),
                 cpu_per_pod,
                 ours,
                 ours_add,
@@ -511,12 +551,12 @@ fn growth(n: usize, windows: &[Window]) -> String {
     );
     let _ = writeln!(
         s,
-        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | of which inside the ADD, µs | of which after the ADD returned, µs | the agent's answer, mean µs | istio-cni outside the agent's answer, µs | the answer outside the phases, µs | istio-cni VERSION exec, median µs | rules into an empty netns, median µs | sysctl open in a netns, median µs | CPU per pod: agent / proxy / fake API server and runtime, µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | of which inside the ADD, µs | of which after the ADD returned, µs | the agent's answer, mean µs | istio-cni outside the agent's answer, µs | of which in istio-cni before its request / the request's round trip less the answer, median µs | the answer outside the phases, µs | istio-cni VERSION exec, median µs | rules into an empty netns, median µs | sysctl open in a netns, median µs | CPU per pod: agent / proxy / fake API server and runtime, µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for w in windows {
         let _ = writeln!(
             s,
-            "| {}–{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} |",
+            "| {}–{} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} / {} / {} | {} |",
             w.range.0 + 1,
             w.range.1,
             us(w.ours),
@@ -526,6 +566,8 @@ fn growth(n: usize, windows: &[Window]) -> String {
             us(w.ours.saturating_sub(w.ours_add)),
             us(w.request()),
             us(w.inside_add().saturating_sub(w.request())),
+            us(w.plugin_before),
+            us(w.plugin_agent.saturating_sub(w.request())),
             us(w.request().saturating_sub(w.phases_sum())),
             us(w.exec),
             us(w.rules_floor),
@@ -545,7 +587,8 @@ fn growth(n: usize, windows: &[Window]) -> String {
          against pods {}–{}: {:.2}×.\n\
          - ADD → annotation including the chain: {whole:.2}× (the bridge and host-local's own growth: {:.2}×).\n\
          - The added cost's growth, pods {}–{n} less pods 1–{}: {} µs; of it, after the ADD {} µs, istio-cni \
-         outside the agent's answer {} µs, the answer outside the phases {} µs, the phases {} µs.\n\
+         outside the agent's answer {} µs (in its log: before its request {} µs, the round trip less the answer {} \
+         µs; the rest is its exec, loading and exit), the answer outside the phases {} µs, the phases {} µs.\n\
          - The floors, pods {}–{n} against pods 1–{}: a VERSION exec of istio-cni {:.2}×; the rules into an \
          empty netns {:.2}× ({} → {} µs); the sysctl open {:.2}× ({} → {} µs).",
         last.range.0 + 1,
@@ -560,6 +603,8 @@ fn growth(n: usize, windows: &[Window]) -> String {
         signed_us(last.added(), first.added()),
         signed_us(last.ours.saturating_sub(last.ours_add), first.ours.saturating_sub(first.ours_add)),
         signed_us(last.inside_add().saturating_sub(last.request()), first.inside_add().saturating_sub(first.request())),
+        signed_us(last.plugin_before, first.plugin_before),
+        signed_us(last.plugin_agent.saturating_sub(last.request()), first.plugin_agent.saturating_sub(first.request())),
         signed_us(last.request().saturating_sub(last.phases_sum()), first.request().saturating_sub(first.phases_sum())),
         signed_us(last.phases_sum(), first.phases_sum()),
         last.range.0 + 1,
@@ -746,11 +791,32 @@ mod tests {
             exec: Duration::ZERO,
             rules_floor: Duration::ZERO,
             sysctl_floor: Duration::ZERO,
+            plugin_before: Duration::ZERO,
+            plugin_agent: Duration::ZERO,
             cpu_per_pod: [Duration::ZERO; 3],
             phases: means,
         };
         assert_eq!(window.request(), Duration::from_millis(5));
         assert_eq!(window.phases_sum(), Duration::from_millis(1));
         assert_eq!(window.inside_add(), Duration::from_millis(9));
+    }
+
+    #[test]
+    fn istio_cnis_own_times_are_read_from_its_log_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = |pod: &str, before: &str, agent: &str| {
+            format!(
+                "2026-12-03T08:15:56.572627Z  INFO cni{{command=Add container=pod-5883-2-s0 namespace=\"bench\" \
+                 pod=\"{pod}\" uid=\"\"}}: istio_cni::commands: ambient pod enrolled by the node agent \
+                 before_ms={before} agent_ms={agent}\n"
+            )
+        };
+        std::fs::write(dir.path().join("istio-cni.log.1"), line("s0", "1.5", "8.25")).unwrap();
+        let text = line("s1", "2", "4") + &line("w0", "9", "9") + "an unrelated line pod=\"s2\"\n";
+        std::fs::write(dir.path().join("istio-cni.log"), text).unwrap();
+        let times = plugin_log_times(dir.path());
+        assert_eq!(times.len(), 2, "{times:?}");
+        assert_eq!(times[&0], [Duration::from_micros(1500), Duration::from_micros(8250)]);
+        assert_eq!(times[&1], [Duration::from_millis(2), Duration::from_millis(4)]);
     }
 }

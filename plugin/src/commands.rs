@@ -21,6 +21,14 @@ use crate::{ambient, logging};
 /// Name prefix of the istio-cni DaemonSet's pods, which must never wait on themselves.
 const OWN_POD_PREFIX: &str = "istio-cni-node-";
 
+/// When the process's `main` began: the ADD's log line says how long the plugin's own part took.
+pub static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Milliseconds since `since`, for a log field.
+fn ms_since(since: std::time::Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
 /// Runs the command named by the environment.
 pub fn run(env: &HashMap<String, String>, stdin: Vec<u8>) -> Result<Option<String>, CniError> {
     let inv = Invocation::from_env(env)?;
@@ -130,9 +138,12 @@ fn add(
         pod_uid: inv.args.pod_uid().map(String::from),
     };
     // The fast path: one round trip to the node agent, which answers from its watch of the node's pods.
+    let asked = std::time::Instant::now();
+    let before_ms = STARTED.get().map_or(0.0, |started| asked.duration_since(*started).as_secs_f64() * 1e3);
     match agent::pod_setup(&conf.run_dir(), &event, conf.ambient_enabled) {
         Ok(PodSetupAnswer::Enrolled) => {
-            tracing::info!("ambient pod enrolled by the node agent");
+            // How the ADD's time divides: the plugin before its request (from `main`), the agent's round trip.
+            tracing::info!(before_ms, agent_ms = ms_since(asked), "ambient pod enrolled by the node agent");
             return Ok(out);
         }
         Ok(PodSetupAnswer::Sidecar { pod }) => {

@@ -43,6 +43,7 @@ fn reply_version(stdin: &[u8]) -> String {
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 fn main() {
+    commands::STARTED.get_or_init(std::time::Instant::now);
     std::panic::set_hook(Box::new(|info| eprintln!("istio-cni: panic: {info}")));
     // Runtimes may exec plugins with a sanitized environment; still find the host's iptables.
     if std::env::var_os("PATH").is_none_or(|p| p.is_empty()) {
