@@ -16,5 +16,7 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "runtime")]
+pub mod channel;
 pub mod grpc;
 pub mod wire;
