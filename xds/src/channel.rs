@@ -176,7 +176,8 @@ impl Channel {
             return Err(ChannelError::Config("empty address".into()));
         }
         let with_scheme = if address.contains("://") { address.to_owned() } else { format!("https://{address}") };
-        let uri: http::Uri = with_scheme.parse().map_err(|e| ChannelError::Config(format!("address {address:?}: {e}")))?;
+        let uri: http::Uri =
+            with_scheme.parse().map_err(|e| ChannelError::Config(format!("address {address:?}: {e}")))?;
         if uri.scheme_str() != Some("https") {
             return Err(ChannelError::Config(format!("address {address:?}: only https is supported")));
         }
@@ -184,13 +185,15 @@ impl Channel {
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
         let port = authority.port_u16().unwrap_or(443);
         for (k, v) in &config.headers {
-            http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| ChannelError::Config(format!("header {k:?}: {e}")))?;
+            http::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|e| ChannelError::Config(format!("header {k:?}: {e}")))?;
             http::HeaderValue::from_str(v).map_err(|e| ChannelError::Config(format!("header {k:?} value: {e}")))?;
         }
         http::HeaderValue::from_str(&config.cluster_id)
             .map_err(|e| ChannelError::Config(format!("cluster id {:?}: {e}", config.cluster_id)))?;
         if let Some(alt) = &config.alt_hostname {
-            ServerName::try_from(alt.clone()).map_err(|e| ChannelError::Config(format!("alt hostname {alt:?}: {e}")))?;
+            ServerName::try_from(alt.clone())
+                .map_err(|e| ChannelError::Config(format!("alt hostname {alt:?}: {e}")))?;
         }
         ServerName::try_from(host.clone()).map_err(|e| ChannelError::Config(format!("host {host:?}: {e}")))?;
         Ok(Channel { authority: authority.to_string(), host, port, config: Arc::new(config) })
@@ -487,7 +490,8 @@ impl ResponseStream {
                     self.ended = true;
                     self.decoder.finish()?;
                     let trailers = self.recv.trailers().await?;
-                    let code = trailers.as_ref().and_then(|t| t.get("grpc-status")).map(|v| Code::from_header(v.as_bytes()));
+                    let code =
+                        trailers.as_ref().and_then(|t| t.get("grpc-status")).map(|v| Code::from_header(v.as_bytes()));
                     let message = trailers
                         .as_ref()
                         .and_then(|t| t.get("grpc-message"))
@@ -497,7 +501,9 @@ impl ResponseStream {
                         Some(Code::Ok) => return Ok(None),
                         Some(code) => return Err(GrpcStatus { code, message }.into()),
                         None => {
-                            return Err(GrpcStatus { code: Code::Unknown, message: "no grpc-status trailer".into() }.into())
+                            return Err(
+                                GrpcStatus { code: Code::Unknown, message: "no grpc-status trailer".into() }.into()
+                            )
                         }
                     }
                 }

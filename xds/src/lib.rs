@@ -17,6 +17,8 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "runtime")]
+pub mod ads;
+#[cfg(feature = "runtime")]
 pub mod channel;
 pub mod grpc;
 pub mod wire;
