@@ -21,4 +21,6 @@ pub mod ads;
 #[cfg(feature = "runtime")]
 pub mod channel;
 pub mod grpc;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod wire;

@@ -46,6 +46,8 @@ impl ResourceType {
 }
 
 /// A resource that passed validation.
+// Moved once per resource into the consumer; boxing would cost an allocation per workload for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum DecodedResource {
     /// A workload or a service.

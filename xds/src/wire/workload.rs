@@ -26,6 +26,8 @@ pub struct Address {
 /// The oneof of [`Address`].
 pub mod address {
     /// A workload or a service.
+    // The proto's shape; a Workload is the common case, so boxing it would only add an allocation.
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Type {
         /// A workload, named by its uid.

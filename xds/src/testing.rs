@@ -1,0 +1,334 @@
+//! A scripted fake istiod for tests (feature `testing`): TLS with rcgen-made certificates, Delta ADS over h2.
+//!
+//! Guarantees: like istiod it refuses a stream whose bearer token is not the expected one (`Unauthenticated`),
+//! and one whose first request has no node or a node id that is not 4 `~`-separated parts of type `ztunnel` with
+//! a valid IP (`InvalidArgument`); it can also refuse the next streams with scripted statuses. Every accepted
+//! stream is handed to the test as a [`FakeStream`], through which the test reads the client's requests and
+//! sends responses, ends or resets the stream. Every request and every stream attempt is recorded. Waits are
+//! bounded by [`WAIT`]; a helper that times out panics, which fails the test.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prost::Message;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::ads::DELTA_ADS_PATH;
+use crate::grpc::{self, Code, FrameDecoder};
+use crate::wire::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+
+/// The longest a test helper waits for the client.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// The DNS name in the fake server's certificate (the address is 127.0.0.1, so clients use it as alt hostname).
+pub const SERVER_NAME: &str = "istiod.istio-system.svc";
+
+/// A stream attempt as the server saw it.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    /// When the request headers arrived.
+    pub at: Instant,
+    /// Its request headers.
+    pub headers: http::HeaderMap,
+    /// `None` if accepted and handed to the test, else the status it was refused with.
+    pub refused: Option<(Code, String)>,
+}
+
+#[derive(Default)]
+struct Shared {
+    token: Option<String>,
+    refusals: VecDeque<(Code, String)>,
+    attempts: Vec<Attempt>,
+    requests: Vec<DeltaDiscoveryRequest>,
+}
+
+/// The fake istiod. Dropping it stops accepting connections.
+pub struct FakeIstiod {
+    addr: SocketAddr,
+    ca_pem: String,
+    shared: Arc<Mutex<Shared>>,
+    streams: mpsc::UnboundedReceiver<FakeStream>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeIstiod {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FakeIstiod {
+    /// Starts on 127.0.0.1 with a fresh CA and a serving certificate for [`SERVER_NAME`]; `token` is the bearer
+    /// token required (`None`: no check).
+    pub async fn start(token: Option<&str>) -> FakeIstiod {
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key).expect("CA cert");
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().expect("server key");
+        let params = CertificateParams::new(vec![SERVER_NAME.to_owned()]).expect("server params");
+        let cert = params.signed_by(&key, &issuer).expect("server cert");
+        let chain = vec![CertificateDer::from(cert.der().to_vec())];
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key_der)
+            .expect("server TLS config");
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let shared = Arc::new(Mutex::new(Shared { token: token.map(str::to_owned), ..Default::default() }));
+        let (streams_tx, streams) = mpsc::unbounded_channel();
+        let task_shared = shared.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { continue };
+                let (acceptor, shared, streams_tx) = (acceptor.clone(), task_shared.clone(), streams_tx.clone());
+                connections.spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else { return };
+                    let Ok(mut conn) = h2::server::handshake(tls).await else { return };
+                    let mut calls = tokio::task::JoinSet::new();
+                    while let Some(Ok((request, respond))) = conn.accept().await {
+                        calls.spawn(serve_call(request, respond, shared.clone(), streams_tx.clone()));
+                    }
+                });
+            }
+        });
+        FakeIstiod { addr, ca_pem: ca_cert.pem(), shared, streams, task }
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn address(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The CA certificate (PEM) that signed the serving certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// Changes the token required from now on.
+    pub fn set_token(&self, token: Option<&str>) {
+        lock(&self.shared).token = token.map(str::to_owned);
+    }
+
+    /// Refuses the next stream attempt with this status (queued; one per call).
+    pub fn refuse_next(&self, code: Code, message: &str) {
+        lock(&self.shared).refusals.push_back((code, message.to_owned()));
+    }
+
+    /// Every stream attempt so far.
+    pub fn attempts(&self) -> Vec<Attempt> {
+        lock(&self.shared).attempts.clone()
+    }
+
+    /// Every request received so far, on any stream.
+    pub fn requests(&self) -> Vec<DeltaDiscoveryRequest> {
+        lock(&self.shared).requests.clone()
+    }
+
+    /// The next accepted stream; panics after [`WAIT`].
+    pub async fn next_stream(&mut self) -> FakeStream {
+        tokio::time::timeout(WAIT, self.streams.recv())
+            .await
+            .expect("timed out waiting for an ADS stream")
+            .expect("fake istiod stopped")
+    }
+
+    /// Waits until `condition` holds on the attempts; panics after [`WAIT`].
+    pub async fn wait_attempts(&self, condition: impl Fn(&[Attempt]) -> bool) -> Vec<Attempt> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let attempts = self.attempts();
+            if condition(&attempts) {
+                return attempts;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting on attempts: {attempts:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+enum Command {
+    Send(DeltaDiscoveryResponse),
+    End(Code, String),
+    Reset,
+}
+
+/// One accepted ADS stream, as the test drives it.
+pub struct FakeStream {
+    /// Request headers of the stream.
+    pub headers: http::HeaderMap,
+    requests: mpsc::UnboundedReceiver<DeltaDiscoveryRequest>,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl FakeStream {
+    /// The next request from the client; panics after [`WAIT`] or if the stream closed.
+    pub async fn request(&mut self) -> DeltaDiscoveryRequest {
+        tokio::time::timeout(WAIT, self.requests.recv())
+            .await
+            .expect("timed out waiting for a request")
+            .expect("stream closed before a request")
+    }
+
+    /// Sends a response.
+    pub fn send(&self, response: DeltaDiscoveryResponse) {
+        let _ = self.commands.send(Command::Send(response));
+    }
+
+    /// Ends the stream with this status in the trailers.
+    pub fn end(&self, code: Code, message: &str) {
+        let _ = self.commands.send(Command::End(code, message.to_owned()));
+    }
+
+    /// Resets the stream (RST_STREAM CANCEL).
+    pub fn reset(&self) {
+        let _ = self.commands.send(Command::Reset);
+    }
+
+    /// Waits until the client closes or resets the stream; panics after [`WAIT`].
+    pub async fn closed(&mut self) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while tokio::time::timeout_at(deadline, self.requests.recv()).await.expect("stream still open").is_some() {}
+    }
+}
+
+/// Checks a node id as istiod does: `type~ip~id~domain` with type `ztunnel` and a valid IP.
+pub fn check_node_id(id: &str) -> Result<(), String> {
+    let parts: Vec<&str> = id.split('~').collect();
+    if parts.len() != 4 {
+        return Err(format!("missing parts in the service node {id:?}"));
+    }
+    if parts[0] != "ztunnel" {
+        return Err(format!("invalid node type (valid types: sidecar, router, ztunnel) in the service node {id:?}"));
+    }
+    if parts[1].parse::<IpAddr>().is_err() {
+        return Err(format!("invalid IP address {:?} in the service node {id:?}", parts[1]));
+    }
+    Ok(())
+}
+
+fn trailers(code: Code, message: &str) -> http::HeaderMap {
+    let mut t = http::HeaderMap::new();
+    t.insert("grpc-status", http::HeaderValue::from((code as i32).to_string().parse::<u32>().unwrap_or(2)));
+    if let Ok(v) = http::HeaderValue::from_str(&grpc::encode_status_message(message)) {
+        t.insert("grpc-message", v);
+    }
+    t
+}
+
+fn trailers_only(code: Code, message: &str) -> http::Response<()> {
+    let mut response = http::Response::builder().status(200).header("content-type", "application/grpc");
+    for (k, v) in &trailers(code, message) {
+        response = response.header(k, v);
+    }
+    response.body(()).unwrap_or_default()
+}
+
+async fn serve_call(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    shared: Arc<Mutex<Shared>>,
+    streams_tx: mpsc::UnboundedSender<FakeStream>,
+) {
+    let (parts, mut body) = request.into_parts();
+    let refusal = {
+        let mut s = lock(&shared);
+        let bearer = parts.headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let refusal = if parts.uri.path() != DELTA_ADS_PATH {
+            Some((Code::Unimplemented, format!("unknown method {}", parts.uri.path())))
+        } else if s.token.as_ref().is_some_and(|t| bearer.as_deref() != Some(format!("Bearer {t}").as_str())) {
+            Some((Code::Unauthenticated, "authentication failure".to_owned()))
+        } else {
+            s.refusals.pop_front()
+        };
+        s.attempts.push(Attempt { at: Instant::now(), headers: parts.headers.clone(), refused: refusal.clone() });
+        refusal
+    };
+    if let Some((code, message)) = refusal {
+        let _ = respond.send_response(trailers_only(code, &message), true);
+        return;
+    }
+    let response = http::Response::builder().status(200).header("content-type", "application/grpc").body(());
+    let Ok(mut send) = respond.send_response(response.unwrap_or_default(), false) else { return };
+    let mut decoder = FrameDecoder::new(64 * 1024 * 1024);
+    let (requests_tx, requests) = mpsc::unbounded_channel();
+    let (commands, mut commands_rx) = mpsc::unbounded_channel();
+    let mut stream = Some(FakeStream { headers: parts.headers, requests, commands });
+    loop {
+        tokio::select! {
+            data = body.data() => {
+                let Some(Ok(chunk)) = data else { return };
+                let _ = body.flow_control().release_capacity(chunk.len());
+                decoder.push(&chunk);
+                while let Ok(Some(bytes)) = decoder.next_message() {
+                    let Ok(request) = DeltaDiscoveryRequest::decode(bytes) else {
+                        let _ = send.send_trailers(trailers(Code::Internal, "bad request message"));
+                        return;
+                    };
+                    lock(&shared).requests.push(request.clone());
+                    if let Some(first) = stream.take() {
+                        // istiod: the first request must carry a valid node.
+                        let check = match &request.node {
+                            None => Err("missing node information".to_owned()),
+                            Some(node) => check_node_id(&node.id),
+                        };
+                        if let Err(message) = check {
+                            let mut s = lock(&shared);
+                            if let Some(last) = s.attempts.last_mut() {
+                                last.refused = Some((Code::InvalidArgument, message.clone()));
+                            }
+                            drop(s);
+                            let _ = send.send_trailers(trailers(Code::InvalidArgument, &message));
+                            return;
+                        }
+                        let _ = streams_tx.send(first);
+                    }
+                    let _ = requests_tx.send(request);
+                }
+            }
+            command = commands_rx.recv() => match command {
+                Some(Command::Send(response)) => {
+                    if send.send_data(grpc::encode_frame(&response), false).is_err() {
+                        return;
+                    }
+                }
+                Some(Command::End(code, message)) => {
+                    let _ = send.send_trailers(trailers(code, &message));
+                    return;
+                }
+                Some(Command::Reset) => {
+                    send.send_reset(h2::Reason::CANCEL);
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+}
+
+/// Builds a `Resource` wrapping `message` as `type_url`.
+pub fn resource(name: &str, version: &str, type_url: &str, message: &impl Message) -> crate::wire::Resource {
+    crate::wire::Resource {
+        name: name.to_owned(),
+        version: version.to_owned(),
+        resource: Some(crate::wire::Any { type_url: type_url.to_owned(), value: message.encode_to_vec() }),
+        aliases: Vec::new(),
+    }
+}
