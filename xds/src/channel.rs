@@ -404,27 +404,16 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Starts a bidirectional streaming call on `path` (e.g. `/pkg.Service/Method`) and waits for the response
-    /// headers. A trailers-only response (the server refused the call) is returned as its status.
+    /// Starts a bidirectional streaming call on `path` (e.g. `/pkg.Service/Method`). Does not wait for the
+    /// response headers: a grpc-go server (istiod) sends them only with its first message, which it sends only
+    /// after the client's first request. The headers (or a trailers-only refusal) are read by the first
+    /// [`ResponseStream::message`].
     pub async fn streaming(&mut self, path: &str) -> Result<(RequestSink, ResponseStream), ChannelError> {
         let request = self.channel.request(path).await?;
         let mut send = self.send.clone().ready().await?;
         let (response, body) = send.send_request(request, false)?;
-        let response = response.await?;
         let max = self.channel.config.max_message_bytes;
-        let (parts, recv) = response.into_parts();
-        if let Some(status) = parts.headers.get("grpc-status") {
-            let code = Code::from_header(status.as_bytes());
-            let message = parts.headers.get("grpc-message").map(|m| grpc::decode_status_message(m.as_bytes()));
-            return Err(ChannelError::Status(GrpcStatus {
-                code: if code == Code::Ok { Code::Unknown } else { code },
-                message: message.unwrap_or_else(|| "call ended without a response".into()),
-            }));
-        }
-        if parts.status != http::StatusCode::OK {
-            return Err(ChannelError::HttpStatus(parts.status.as_u16()));
-        }
-        Ok((RequestSink { body }, ResponseStream { recv, decoder: FrameDecoder::new(max), ended: false }))
+        Ok((RequestSink { body }, ResponseStream { state: ResponseState::Headers(response), max }))
     }
 
     /// A unary call: sends `request`, returns the one response message.
@@ -464,46 +453,71 @@ impl RequestSink {
 
 /// The response half of a call.
 pub struct ResponseStream {
-    recv: h2::RecvStream,
-    decoder: FrameDecoder,
-    ended: bool,
+    state: ResponseState,
+    max: usize,
+}
+
+enum ResponseState {
+    Headers(h2::client::ResponseFuture),
+    Body { recv: h2::RecvStream, decoder: FrameDecoder },
+    Ended,
+}
+
+/// The status in `grpc-status`/`grpc-message` of a header block (trailers, or the headers of a trailers-only
+/// response); `None` if there is no `grpc-status`.
+fn status_of(headers: &http::HeaderMap) -> Option<Result<(), GrpcStatus>> {
+    let code = Code::from_header(headers.get("grpc-status")?.as_bytes());
+    if code == Code::Ok {
+        return Some(Ok(()));
+    }
+    let message = headers.get("grpc-message").map(|m| grpc::decode_status_message(m.as_bytes())).unwrap_or_default();
+    Some(Err(GrpcStatus { code, message }))
 }
 
 impl ResponseStream {
     /// The next message; `Ok(None)` when the server ended the call with status OK, the status as an error
-    /// otherwise.
+    /// otherwise. The first call waits for the response headers.
     pub async fn message<M: prost::Message + Default>(&mut self) -> Result<Option<M>, ChannelError> {
         loop {
-            if let Some(bytes) = self.decoder.next_message()? {
-                return Ok(Some(M::decode(bytes)?));
-            }
-            if self.ended {
-                return Ok(None);
-            }
-            match self.recv.data().await {
-                Some(chunk) => {
-                    let chunk = chunk?;
-                    let _ = self.recv.flow_control().release_capacity(chunk.len());
-                    self.decoder.push(&chunk);
+            match &mut self.state {
+                ResponseState::Ended => return Ok(None),
+                ResponseState::Headers(response) => {
+                    let response = response.await?;
+                    let (parts, recv) = response.into_parts();
+                    if let Some(status) = status_of(&parts.headers) {
+                        // Trailers-only: the call ended without a message.
+                        self.state = ResponseState::Ended;
+                        status?;
+                        return Ok(None);
+                    }
+                    if parts.status != http::StatusCode::OK {
+                        self.state = ResponseState::Ended;
+                        return Err(ChannelError::HttpStatus(parts.status.as_u16()));
+                    }
+                    self.state = ResponseState::Body { recv, decoder: FrameDecoder::new(self.max) };
                 }
-                None => {
-                    self.ended = true;
-                    self.decoder.finish()?;
-                    let trailers = self.recv.trailers().await?;
-                    let code =
-                        trailers.as_ref().and_then(|t| t.get("grpc-status")).map(|v| Code::from_header(v.as_bytes()));
-                    let message = trailers
-                        .as_ref()
-                        .and_then(|t| t.get("grpc-message"))
-                        .map(|m| grpc::decode_status_message(m.as_bytes()))
-                        .unwrap_or_default();
-                    match code {
-                        Some(Code::Ok) => return Ok(None),
-                        Some(code) => return Err(GrpcStatus { code, message }.into()),
+                ResponseState::Body { recv, decoder } => {
+                    if let Some(bytes) = decoder.next_message()? {
+                        return Ok(Some(M::decode(bytes)?));
+                    }
+                    match recv.data().await {
+                        Some(chunk) => {
+                            let chunk = chunk?;
+                            let _ = recv.flow_control().release_capacity(chunk.len());
+                            decoder.push(&chunk);
+                        }
                         None => {
-                            return Err(
-                                GrpcStatus { code: Code::Unknown, message: "no grpc-status trailer".into() }.into()
-                            )
+                            decoder.finish()?;
+                            let trailers = recv.trailers().await?;
+                            self.state = ResponseState::Ended;
+                            return match trailers.as_ref().and_then(status_of) {
+                                Some(Ok(())) => Ok(None),
+                                Some(Err(status)) => Err(status.into()),
+                                None => {
+                                    Err(GrpcStatus { code: Code::Unknown, message: "no grpc-status trailer".into() }
+                                        .into())
+                                }
+                            };
                         }
                     }
                 }

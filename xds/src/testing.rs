@@ -265,8 +265,19 @@ async fn serve_call(
         let _ = respond.send_response(trailers_only(code, &message), true);
         return;
     }
-    let response = http::Response::builder().status(200).header("content-type", "application/grpc").body(());
-    let Ok(mut send) = respond.send_response(response.unwrap_or_default(), false) else { return };
+    // Like grpc-go, the response headers go out with the first message (or as a trailers-only response).
+    let mut send: Option<h2::SendStream<Bytes>> = None;
+    let finish =
+        |respond: &mut h2::server::SendResponse<Bytes>, send: Option<h2::SendStream<Bytes>>, code, message: &str| {
+            match send {
+                Some(mut send) => {
+                    let _ = send.send_trailers(trailers(code, message));
+                }
+                None => {
+                    let _ = respond.send_response(trailers_only(code, message), true);
+                }
+            }
+        };
     let mut decoder = FrameDecoder::new(64 * 1024 * 1024);
     let (requests_tx, requests) = mpsc::unbounded_channel();
     let (commands, mut commands_rx) = mpsc::unbounded_channel();
@@ -279,7 +290,7 @@ async fn serve_call(
                 decoder.push(&chunk);
                 while let Ok(Some(bytes)) = decoder.next_message() {
                     let Ok(request) = DeltaDiscoveryRequest::decode(bytes) else {
-                        let _ = send.send_trailers(trailers(Code::Internal, "bad request message"));
+                        finish(&mut respond, send.take(), Code::Internal, "bad request message");
                         return;
                     };
                     lock(&shared).requests.push(request.clone());
@@ -295,7 +306,7 @@ async fn serve_call(
                                 last.refused = Some((Code::InvalidArgument, message.clone()));
                             }
                             drop(s);
-                            let _ = send.send_trailers(trailers(Code::InvalidArgument, &message));
+                            finish(&mut respond, send.take(), Code::InvalidArgument, &message);
                             return;
                         }
                         let _ = streams_tx.send(first);
@@ -305,16 +316,28 @@ async fn serve_call(
             }
             command = commands_rx.recv() => match command {
                 Some(Command::Send(response)) => {
-                    if send.send_data(grpc::encode_frame(&response), false).is_err() {
-                        return;
+                    if send.is_none() {
+                        let headers = http::Response::builder().status(200).header("content-type", "application/grpc");
+                        match respond.send_response(headers.body(()).unwrap_or_default(), false) {
+                            Ok(s) => send = Some(s),
+                            Err(_) => return,
+                        }
+                    }
+                    if let Some(s) = &mut send {
+                        if s.send_data(grpc::encode_frame(&response), false).is_err() {
+                            return;
+                        }
                     }
                 }
                 Some(Command::End(code, message)) => {
-                    let _ = send.send_trailers(trailers(code, &message));
+                    finish(&mut respond, send.take(), code, &message);
                     return;
                 }
                 Some(Command::Reset) => {
-                    send.send_reset(h2::Reason::CANCEL);
+                    match &mut send {
+                        Some(s) => s.send_reset(h2::Reason::CANCEL),
+                        None => respond.send_reset(h2::Reason::CANCEL),
+                    }
                     return;
                 }
                 None => return,
