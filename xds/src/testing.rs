@@ -5,7 +5,7 @@
 //! a valid IP (`InvalidArgument`); it can also refuse the next streams with scripted statuses. Every accepted
 //! stream is handed to the test as a [`FakeStream`], through which the test reads the client's requests and
 //! sends responses, ends or resets the stream. Every request and every stream attempt is recorded. Waits are
-//! bounded by [`WAIT`]; a helper that times out panics, which fails the test.
+//! bounded by [`WAIT`] and wake on events (no polling); a helper that times out panics, which fails the test.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -40,8 +40,9 @@ pub struct Attempt {
     pub refused: Option<(Code, String)>,
 }
 
-#[derive(Default)]
 struct Shared {
+    /// Bumped at every attempt, so tests wait on it instead of polling.
+    attempts_changed: tokio::sync::watch::Sender<usize>,
     token: Option<String>,
     refusals: VecDeque<(Code, String)>,
     attempts: Vec<Attempt>,
@@ -91,7 +92,13 @@ impl FakeIstiod {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
-        let shared = Arc::new(Mutex::new(Shared { token: token.map(str::to_owned), ..Default::default() }));
+        let shared = Arc::new(Mutex::new(Shared {
+            attempts_changed: tokio::sync::watch::channel(0).0,
+            token: token.map(str::to_owned),
+            refusals: VecDeque::new(),
+            attempts: Vec::new(),
+            requests: Vec::new(),
+        }));
         let (streams_tx, streams) = mpsc::unbounded_channel();
         let task_shared = shared.clone();
         let task = tokio::spawn(async move {
@@ -152,15 +159,21 @@ impl FakeIstiod {
 
     /// Waits until `condition` holds on the attempts; panics after [`WAIT`].
     pub async fn wait_attempts(&self, condition: impl Fn(&[Attempt]) -> bool) -> Vec<Attempt> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let attempts = self.attempts();
-            if condition(&attempts) {
-                return attempts;
+        let mut changed = lock(&self.shared).attempts_changed.subscribe();
+        let wait = async {
+            loop {
+                let attempts = self.attempts();
+                if condition(&attempts) {
+                    return attempts;
+                }
+                if changed.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
             }
-            assert!(Instant::now() < deadline, "timed out waiting on attempts: {attempts:?}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        };
+        tokio::time::timeout(WAIT, wait)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting on attempts: {:?}", self.attempts()))
     }
 }
 
@@ -259,6 +272,7 @@ async fn serve_call(
             s.refusals.pop_front()
         };
         s.attempts.push(Attempt { at: Instant::now(), headers: parts.headers.clone(), refused: refusal.clone() });
+        s.attempts_changed.send_replace(s.attempts.len());
         refusal
     };
     if let Some((code, message)) = refusal {
