@@ -1,5 +1,6 @@
 //! What istiod sends, as the xDS client decodes it: the first byte picks the input's kind, the rest is the bytes.
-//! 0: a DeltaDiscoveryResponse, each of its resources decoded as both types; 1/2: an Address/Authorization body,
+//! 0: a DeltaDiscoveryResponse, each of its resources decoded as both types, its fields counted as the client
+//! does before decoding; 1/2: an Address/Authorization body,
 //! named by the key its content gives (so validation, not just the name check, runs); 3: a gRPC body split into
 //! messages.
 //! Invariants: no panic; a resource over the size limit is rejected whatever its bytes; an accepted resource
@@ -11,6 +12,7 @@
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use xds::grpc::FrameDecoder;
+use xds::wire::scan::count_fields;
 use xds::wire::security::Authorization;
 use xds::wire::workload::{address, Address};
 use xds::wire::{decode_resource, Any, DecodedResource, DeltaDiscoveryResponse, Resource, ResourceError, ResourceType};
@@ -51,7 +53,12 @@ fuzz_target!(|data: &[u8]| {
     let Some((&kind, body)) = data.split_first() else { return };
     match kind % 4 {
         0 => {
+            let counts = count_fields(body, [2, 6]);
             let Ok(response) = DeltaDiscoveryResponse::decode(body) else { return };
+            // The pre-decode count the client limits on agrees with what prost decodes (when both succeed).
+            if let Ok(counts) = counts {
+                assert_eq!(counts, [response.resources.len(), response.removed_resources.len()]);
+            }
             for resource in &response.resources {
                 check(ResourceType::Address, resource);
                 check(ResourceType::Authorization, resource);

@@ -23,11 +23,13 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use prost::Message;
 use tokio::sync::watch;
 
 use crate::channel::{Channel, ChannelError};
 use crate::grpc::{Code, GrpcStatus};
 use crate::wire::resource::truncate;
+use crate::wire::scan::count_fields;
 use crate::wire::{
     decode_resource, DecodedResource, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, ResourceType, Status,
     Struct, Value,
@@ -35,6 +37,11 @@ use crate::wire::{
 
 /// The gRPC method of Delta ADS.
 pub const DELTA_ADS_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// `DeltaDiscoveryResponse.resources`.
+const RESPONSE_RESOURCES_TAG: u32 = 2;
+/// `DeltaDiscoveryResponse.removed_resources`.
+const RESPONSE_REMOVED_TAG: u32 = 6;
 
 /// Longest NACK message sent; the rest of the rejections are counted, not listed.
 pub const MAX_NACK_MESSAGE: usize = 16 * 1024;
@@ -97,6 +104,9 @@ pub struct AdsConfig {
     pub types: Vec<ResourceType>,
     /// Largest serialized resource decoded; larger ones are rejected unread.
     pub max_resource_bytes: usize,
+    /// Most resources plus removals in one response; a response over it ends the stream unread (checked on the
+    /// serialized bytes, before decoding allocates anything).
+    pub max_resources_per_response: usize,
     /// First and reset backoff.
     pub backoff_initial: Duration,
     /// Backoff cap.
@@ -104,12 +114,13 @@ pub struct AdsConfig {
 }
 
 impl AdsConfig {
-    /// Address and Authorization, 10 ms → 15 s backoff, resources up to 4 MiB each.
+    /// Address and Authorization, 10 ms → 15 s backoff, resources up to 4 MiB each, a million per response.
     pub fn new(node: Node) -> Self {
         AdsConfig {
             node,
             types: ResourceType::ALL.to_vec(),
             max_resource_bytes: 4 * 1024 * 1024,
+            max_resources_per_response: 1_000_000,
             backoff_initial: Duration::from_millis(10),
             backoff_max: Duration::from_secs(15),
         }
@@ -295,10 +306,14 @@ impl<H: Handler> AdsClient<H> {
         tracing::info!(types = self.config.types.len(), "xDS stream open");
         let mut responses = 0u64;
         loop {
-            let response = match stream.message::<DeltaDiscoveryResponse>().await {
-                Ok(Some(r)) => r,
+            let bytes = match stream.message_bytes().await {
+                Ok(Some(bytes)) => bytes,
                 Ok(None) => return StreamEnd::Ended { responses },
                 Err(e) => return StreamEnd::from_stream_error(e),
+            };
+            let response = match self.decode_response(bytes) {
+                Ok(r) => r,
+                Err(message) => return StreamEnd::Status(GrpcStatus { code: Code::Internal, message }),
             };
             responses += 1;
             let (answer, ty) = self.handle_response(response);
@@ -312,6 +327,18 @@ impl<H: Handler> AdsClient<H> {
                 }
             }
         }
+    }
+
+    /// Decodes a response after checking, on its bytes, that it holds at most `max_resources_per_response`
+    /// resources and removals.
+    fn decode_response(&self, bytes: bytes::Bytes) -> Result<DeltaDiscoveryResponse, String> {
+        let [resources, removals] = count_fields(&bytes, [RESPONSE_RESOURCES_TAG, RESPONSE_REMOVED_TAG])
+            .map_err(|e| format!("response: {e}"))?;
+        let max = self.config.max_resources_per_response;
+        if resources.saturating_add(removals) > max {
+            return Err(format!("response holds {resources} resources and {removals} removals, over the {max} limit"));
+        }
+        DeltaDiscoveryResponse::decode(bytes).map_err(|e| format!("response: {e}"))
     }
 
     /// Applies one response and builds its ACK or NACK; returns the type if it is one subscribed.

@@ -478,6 +478,15 @@ impl ResponseStream {
     /// The next message; `Ok(None)` when the server ended the call with status OK, the status as an error
     /// otherwise. The first call waits for the response headers.
     pub async fn message<M: prost::Message + Default>(&mut self) -> Result<Option<M>, ChannelError> {
+        match self.message_bytes().await? {
+            Some(bytes) => Ok(Some(M::decode(bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The next message, still serialized (at most `max_message_bytes`), for a caller that inspects it before
+    /// decoding; otherwise as [`ResponseStream::message`].
+    pub async fn message_bytes(&mut self) -> Result<Option<Bytes>, ChannelError> {
         loop {
             match &mut self.state {
                 ResponseState::Ended => return Ok(None),
@@ -498,7 +507,7 @@ impl ResponseStream {
                 }
                 ResponseState::Body { recv, decoder } => {
                     if let Some(bytes) = decoder.next_message()? {
-                        return Ok(Some(M::decode(bytes)?));
+                        return Ok(Some(bytes));
                     }
                     match recv.data().await {
                         Some(chunk) => {

@@ -179,6 +179,7 @@ impl FakeIstiod {
 
 enum Command {
     Send(DeltaDiscoveryResponse),
+    SendRaw(Bytes),
     End(Code, String),
     Reset,
 }
@@ -203,6 +204,11 @@ impl FakeStream {
     /// Sends a response.
     pub fn send(&self, response: DeltaDiscoveryResponse) {
         let _ = self.commands.send(Command::Send(response));
+    }
+
+    /// Sends `bytes` as one gRPC message, whatever they hold (for malformed-response tests).
+    pub fn send_raw(&self, bytes: impl Into<Bytes>) {
+        let _ = self.commands.send(Command::SendRaw(bytes.into()));
     }
 
     /// Ends the stream with this status in the trailers.
@@ -329,7 +335,12 @@ async fn serve_call(
                 }
             }
             command = commands_rx.recv() => match command {
-                Some(Command::Send(response)) => {
+                Some(command @ (Command::Send(_) | Command::SendRaw(_))) => {
+                    let frame = match command {
+                        Command::Send(response) => grpc::encode_frame(&response),
+                        Command::SendRaw(bytes) => raw_frame(&bytes),
+                        _ => return,
+                    };
                     if send.is_none() {
                         let headers = http::Response::builder().status(200).header("content-type", "application/grpc");
                         match respond.send_response(headers.body(()).unwrap_or_default(), false) {
@@ -338,7 +349,7 @@ async fn serve_call(
                         }
                     }
                     if let Some(s) = &mut send {
-                        if s.send_data(grpc::encode_frame(&response), false).is_err() {
+                        if s.send_data(frame, false).is_err() {
                             return;
                         }
                     }
@@ -358,6 +369,14 @@ async fn serve_call(
             }
         }
     }
+}
+
+fn raw_frame(bytes: &[u8]) -> Bytes {
+    let mut frame = Vec::with_capacity(grpc::PREFIX_LEN + bytes.len());
+    frame.push(0);
+    frame.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+    frame.extend_from_slice(bytes);
+    frame.into()
 }
 
 /// Builds a `Resource` wrapping `message` as `type_url`.

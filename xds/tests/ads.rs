@@ -481,3 +481,49 @@ async fn a_unary_call_reports_a_trailers_only_refusal() {
     }
     assert_eq!(fake.attempts().len(), 1);
 }
+
+/// Runs one stream whose first response is `send`; returns how it ended and what the handler saw.
+async fn one_response(config: impl FnOnce(&mut AdsConfig), send: impl FnOnce(&FakeStream)) -> (StreamEnd, usize) {
+    let mut fake = FakeIstiod::start(None).await;
+    let recorder = Recorder::new();
+    let mut ads = AdsConfig::new(identity().node());
+    config(&mut ads);
+    let (mut c, _) = AdsClient::new(Channel::new(channel_config(&fake, Token::None)).unwrap(), ads, recorder.clone());
+    let run = tokio::spawn(async move { c.run_stream().await });
+    let mut stream = fake.next_stream().await;
+    initial(&mut stream).await;
+    send(&stream);
+    let end = tokio::time::timeout(WAIT, run).await.unwrap().unwrap();
+    let applies = recorder.state.lock().unwrap().applies;
+    (end, applies)
+}
+
+#[tokio::test]
+async fn a_response_over_the_resource_count_limit_is_refused_before_decoding() {
+    let resources: Vec<Resource> = (0..4).map(|i| wl(&format!("u{i}"), "v")).collect();
+    let (end, applies) = one_response(
+        |c| c.max_resources_per_response = 3,
+        |s| s.send(response(ADDRESS_TYPE_URL, "n", resources, vec![])),
+    )
+    .await;
+    match end {
+        StreamEnd::Status(s) => {
+            assert_eq!(s.code, Code::Internal);
+            assert!(s.message.contains("4 resources and 0 removals, over the 3 limit"), "{}", s.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(applies, 0);
+}
+
+#[tokio::test]
+async fn a_malformed_response_ends_the_stream_without_panic() {
+    for bytes in [vec![0x12, 0x05, 0x00], vec![0x0b], vec![0x22, 0x02, 0xff, 0xfe]] {
+        let (end, applies) = one_response(|_| {}, |s| s.send_raw(bytes.clone())).await;
+        match end {
+            StreamEnd::Status(s) => assert_eq!(s.code, Code::Internal, "{bytes:?}: {}", s.message),
+            other => panic!("{bytes:?}: {other:?}"),
+        }
+        assert_eq!(applies, 0);
+    }
+}

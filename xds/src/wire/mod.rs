@@ -9,6 +9,7 @@
 
 pub mod envoy;
 pub mod resource;
+pub mod scan;
 pub mod security;
 pub mod workload;
 
