@@ -56,6 +56,7 @@ pub struct FakeIstiod {
     shared: Arc<Mutex<Shared>>,
     streams: mpsc::UnboundedReceiver<FakeStream>,
     task: tokio::task::JoinHandle<()>,
+    frozen: tokio::sync::watch::Sender<bool>,
 }
 
 impl Drop for FakeIstiod {
@@ -101,22 +102,35 @@ impl FakeIstiod {
         }));
         let (streams_tx, streams) = mpsc::unbounded_channel();
         let task_shared = shared.clone();
+        let (frozen_tx, frozen) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 let Ok((tcp, _)) = listener.accept().await else { continue };
                 let (acceptor, shared, streams_tx) = (acceptor.clone(), task_shared.clone(), streams_tx.clone());
+                let mut frozen = frozen.clone();
                 connections.spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else { return };
                     let Ok(mut conn) = h2::server::handshake(tls).await else { return };
                     let mut calls = tokio::task::JoinSet::new();
-                    while let Some(Ok((request, respond))) = conn.accept().await {
-                        calls.spawn(serve_call(request, respond, shared.clone(), streams_tx.clone()));
+                    let froze = loop {
+                        tokio::select! {
+                            accepted = conn.accept() => {
+                                let Some(Ok((request, respond))) = accepted else { break false };
+                                calls.spawn(serve_call(request, respond, shared.clone(), streams_tx.clone()));
+                            }
+                            () = async { let _ = frozen.wait_for(|f| *f).await; } => break true,
+                        }
+                    };
+                    if froze {
+                        // Frozen: the connection is kept open but no longer read, so pings go unanswered.
+                        let _hold = (conn, calls);
+                        std::future::pending::<()>().await;
                     }
                 });
             }
         });
-        FakeIstiod { addr, ca_pem: ca_cert.pem(), shared, streams, task }
+        FakeIstiod { addr, ca_pem: ca_cert.pem(), shared, streams, task, frozen: frozen_tx }
     }
 
     /// `127.0.0.1:port`.
@@ -132,6 +146,12 @@ impl FakeIstiod {
     /// Changes the token required from now on.
     pub fn set_token(&self, token: Option<&str>) {
         lock(&self.shared).token = token.map(str::to_owned);
+    }
+
+    /// Stops reading every open connection while keeping it open (a hung istiod or a black-holed path): HTTP/2
+    /// pings go unanswered. Irreversible; connections made afterwards freeze at once.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
     }
 
     /// Refuses the next stream attempt with this status (queued; one per call).

@@ -527,3 +527,53 @@ async fn a_malformed_response_ends_the_stream_without_panic() {
         assert_eq!(applies, 0);
     }
 }
+
+#[tokio::test]
+async fn a_server_that_stops_answering_pings_is_dropped() {
+    let mut fake = FakeIstiod::start(None).await;
+    let mut config = channel_config(&fake, Token::None);
+    config.ping_interval = Duration::from_millis(100);
+    config.ping_timeout = Duration::from_millis(200);
+    let (mut c, _) = AdsClient::new(Channel::new(config).unwrap(), AdsConfig::new(identity().node()), Recorder::new());
+    let run = tokio::spawn(async move { c.run_stream().await });
+    let mut stream = fake.next_stream().await;
+    initial(&mut stream).await;
+    // Pings answered: the stream stays up over several ping periods.
+    stream.send(response(ADDRESS_TYPE_URL, "n1", vec![], vec![]));
+    stream.request().await;
+    fake.freeze();
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(WAIT, run).await.expect("the client noticed the dead connection").unwrap() {
+        StreamEnd::Status(_) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_missing_token_file_is_a_connection_error() {
+    let fake = FakeIstiod::start(Some("t")).await;
+    let config = channel_config(&fake, Token::File("/nonexistent/istio-token".into()));
+    let (mut c, _) = AdsClient::new(Channel::new(config).unwrap(), AdsConfig::new(identity().node()), Recorder::new());
+    match c.run_stream().await {
+        StreamEnd::Connect(ChannelError::Read { what: "token", .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(fake.attempts().is_empty());
+}
+
+#[test]
+fn channel_configuration_is_checked_up_front() {
+    let pem = || Roots::Pem(Vec::new());
+    for bad in ["", "http://istiod:15010", "https://", "https://bad host:1"] {
+        assert!(matches!(Channel::new(ChannelConfig::new(bad, pem())), Err(ChannelError::Config(_))), "{bad:?}");
+    }
+    let mut c = ChannelConfig::new("istiod.istio-system.svc:15012", pem());
+    c.headers = vec![("bad header".into(), "v".into())];
+    assert!(Channel::new(c).is_err());
+    let mut c = ChannelConfig::new("istiod.istio-system.svc:15012", pem());
+    c.cluster_id = "a\nb".into();
+    assert!(Channel::new(c).is_err());
+    assert!(Channel::new(ChannelConfig::new("istiod.istio-system.svc:15012", pem())).is_ok());
+    assert!(Channel::new(ChannelConfig::new("https://[fd00::1]:15012", pem())).is_ok());
+}
