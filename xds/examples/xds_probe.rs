@@ -1,6 +1,7 @@
 //! Connects to an istiod (or the grpc-go interop server, `interop/run.sh`) with the xds client and prints what it
 //! is given, for `XDS_PROBE_SECONDS` (default 30). Settings as ztunnel names them: `XDS_ADDRESS`, `XDS_ROOT_CA`
-//! (a PEM file), `ALT_XDS_HOSTNAME`, `AUTH_TOKEN` (a file if it exists, else the token), `ISTIO_META_CLUSTER_ID`,
+//! (a PEM file), `ALT_XDS_HOSTNAME`, `AUTH_TOKEN` (a file if it exists, else the token), `ISTIO_META_CLUSTER_ID` (and every
+//! `ISTIO_META_*`/`ISTIO_METAJSON_*`),
 //! `POD_NAME`, `POD_NAMESPACE`, `NODE_NAME`, `INSTANCE_IP`.
 
 use std::time::Duration;
@@ -45,7 +46,9 @@ async fn main() {
         node_name: env("NODE_NAME").unwrap_or_default(),
         extra_metadata: Default::default(),
     }
-    .with_istio_meta_env(std::env::vars());
+    .with_istio_meta_env(std::env::vars())
+    .with_istio_metajson_env(std::env::vars())
+    .expect("ISTIO_METAJSON_* variables");
     let (client, mut readiness) = AdsClient::new(channel, AdsConfig::new(identity.node()), Print);
     let seconds = env("XDS_PROBE_SECONDS").and_then(|s| s.parse().ok()).unwrap_or(30);
     tokio::spawn(async move {

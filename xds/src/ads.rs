@@ -82,7 +82,7 @@ impl NodeIdentity {
         Node { id: self.node_id(), cluster: String::new(), metadata: Some(metadata) }
     }
 
-    /// Adds `ISTIO_META_<K>=v` variables as metadata `<K>: v` (string values).
+    /// Adds `ISTIO_META_<K>=v` variables as metadata `<K>: v` (string values); other variables are ignored.
     pub fn with_istio_meta_env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Self {
         for (k, v) in vars {
             if let Some(key) = k.strip_prefix("ISTIO_META_") {
@@ -93,6 +93,37 @@ impl NodeIdentity {
         }
         self
     }
+
+    /// Adds `ISTIO_METAJSON_<K>=<json>` variables as metadata `<K>: <json as a Value>`; other variables are ignored.
+    /// Fails on the first value that is not JSON, or nests deeper than 32 levels.
+    pub fn with_istio_metajson_env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, String> {
+        for (k, v) in vars {
+            let Some(key) = k.strip_prefix("ISTIO_METAJSON_").filter(|key| !key.is_empty()) else { continue };
+            let json: serde_json::Value = serde_json::from_str(&v).map_err(|e| format!("{k}: {e}"))?;
+            let value = json_to_value(&json, 32).ok_or_else(|| format!("{k}: nested too deep"))?;
+            self.extra_metadata.insert(key.to_owned(), value);
+        }
+        Ok(self)
+    }
+}
+
+/// A JSON value as a `google.protobuf.Value`; `None` past `depth` levels.
+fn json_to_value(json: &serde_json::Value, depth: usize) -> Option<Value> {
+    use crate::wire::envoy::{value::Kind, ListValue};
+    let depth = depth.checked_sub(1)?;
+    let kind = match json {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(items) => {
+            Kind::ListValue(ListValue { values: items.iter().map(|v| json_to_value(v, depth)).collect::<Option<_>>()? })
+        }
+        serde_json::Value::Object(fields) => Kind::StructValue(Struct {
+            fields: fields.iter().map(|(k, v)| Some((k.clone(), json_to_value(v, depth)?))).collect::<Option<_>>()?,
+        }),
+    };
+    Some(Value { kind: Some(kind) })
 }
 
 /// Settings of the ADS client.
@@ -474,6 +505,34 @@ mod tests {
         assert_eq!(get("CLUSTER_ID").as_deref(), Some("Kubernetes"));
         assert_eq!(md.len(), 5);
         assert!(NodeIdentity::default().node_id().starts_with("ztunnel~1.1.1.1~"));
+    }
+
+    #[test]
+    fn metajson_variables_become_structured_metadata() {
+        use crate::wire::envoy::{value::Kind, ListValue};
+        let id = NodeIdentity::default()
+            .with_istio_metajson_env([
+                ("ISTIO_METAJSON_LABELS".to_owned(), r#"{"app":"z","n":[1,true,null]}"#.to_owned()),
+                ("ISTIO_META_X".to_owned(), "{".to_owned()),
+            ])
+            .unwrap();
+        let labels = &id.extra_metadata["LABELS"];
+        let Some(Kind::StructValue(s)) = &labels.kind else { panic!("{labels:?}") };
+        assert_eq!(s.fields["app"], Value::string("z"));
+        let list = ListValue {
+            values: vec![
+                Value { kind: Some(Kind::NumberValue(1.0)) },
+                Value { kind: Some(Kind::BoolValue(true)) },
+                Value { kind: Some(Kind::NullValue(0)) },
+            ],
+        };
+        assert_eq!(s.fields["n"], Value { kind: Some(Kind::ListValue(list)) });
+        assert_eq!(id.extra_metadata.len(), 1);
+        let bad = NodeIdentity::default().with_istio_metajson_env([("ISTIO_METAJSON_A".to_owned(), "{".to_owned())]);
+        assert!(bad.unwrap_err().starts_with("ISTIO_METAJSON_A: "));
+        let deep = format!("{}{}", "[".repeat(40), "]".repeat(40));
+        let deep = NodeIdentity::default().with_istio_metajson_env([("ISTIO_METAJSON_D".to_owned(), deep)]);
+        assert_eq!(deep.unwrap_err(), "ISTIO_METAJSON_D: nested too deep");
     }
 
     #[test]
