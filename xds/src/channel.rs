@@ -43,6 +43,8 @@ pub enum Roots {
     Pem(Vec<u8>),
     /// A PEM file, re-read at every connect.
     File(PathBuf),
+    /// The operating system's store (`XDS_ROOT_CA=SYSTEM`), loaded at every connect.
+    System,
 }
 
 /// Where the bearer token comes from.
@@ -266,11 +268,19 @@ impl Channel {
     }
 
     async fn tls_config(&self) -> Result<rustls::ClientConfig, ChannelError> {
+        let mut roots = RootCertStore::empty();
         let pem = match &self.config.roots {
             Roots::Pem(pem) => pem.clone(),
             Roots::File(path) => read_bounded(path, MAX_ROOTS_BYTES, "root certificates").await?,
+            Roots::System => {
+                let native = tokio::task::spawn_blocking(rustls_native_certs::load_native_certs)
+                    .await
+                    .map_err(|e| ChannelError::Config(format!("system roots: {e}")))?;
+                let (added, ignored) = roots.add_parsable_certificates(native.certs);
+                tracing::debug!(added, ignored, errors = native.errors.len(), "system roots loaded");
+                Vec::new()
+            }
         };
-        let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(&pem) {
             let cert = cert.map_err(|e| ChannelError::Config(format!("root certificates: {e}")))?;
             roots.add(cert).map_err(|e| ChannelError::Config(format!("root certificate: {e}")))?;

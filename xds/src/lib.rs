@@ -6,6 +6,7 @@
 //! * [`grpc`]: gRPC message framing and status codes, no I/O;
 //! * [`channel`]: TLS + HTTP/2 to istiod with its authentication headers, shared with the CA client;
 //! * [`ads`]: the Delta ADS stream: subscriptions, ACK/NACK, held versions, reconnect and backoff, readiness;
+//! * [`settings`]: ztunnel's environment variables resolved into a channel configuration and a node;
 //! * [`testing`] (feature `testing`): a scripted fake istiod for tests.
 //!
 //! Every message from the control plane is treated as hostile: sizes are bounded before allocation, each resource
@@ -21,6 +22,8 @@ pub mod ads;
 #[cfg(feature = "runtime")]
 pub mod channel;
 pub mod grpc;
+#[cfg(feature = "runtime")]
+pub mod settings;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod wire;
