@@ -7,7 +7,7 @@
 //! * [`channel`]: TLS + HTTP/2 to istiod with its authentication headers, shared with the CA client;
 //! * [`ads`]: the Delta ADS stream: subscriptions, ACK/NACK, held versions, reconnect and backoff, readiness;
 //! * [`settings`]: ztunnel's environment variables resolved into a channel configuration and a node;
-//! * [`testing`] (feature `testing`): a scripted fake istiod for tests.
+//! * `testing` (feature `testing`): a scripted fake istiod for tests.
 //!
 //! Every message from the control plane is treated as hostile: sizes are bounded before allocation, each resource
 //! is validated before it reaches the consumer, and nothing in the crate panics on input.
