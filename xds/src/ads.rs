@@ -15,8 +15,9 @@
 //! * reconnects back off as ztunnel does: 10 ms doubling to 15 s after a connection error or most gRPC statuses,
 //!   back to 10 ms after `Unknown`, `Cancelled`, `DeadlineExceeded` or istiod's connection-age `Unavailable`
 //!   (`transport is closing`, `received prior goaway`), immediately after a stream that ended OK having received
-//!   a response. One deviation: a stream that ends OK without any response is treated as a failure (doubling),
-//!   so a hostile server cannot make the client reconnect in a tight loop.
+//!   a response. One deviation: the reset and immediate classes apply only to a stream that had received at
+//!   least one response; a stream that fails or ends before any doubles the delay, so neither a hostile nor a
+//!   misconfigured server (istiod without ambient answers every stream with `Unknown`) gets a 10 ms loop.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -246,11 +247,16 @@ impl Backoff {
         Backoff { initial, max, current: initial }
     }
 
-    /// How long to wait before reconnecting after `end`.
-    pub fn after(&mut self, end: &StreamEnd) -> Duration {
+    /// How long to wait before reconnecting after `end`, on a stream that had received `responses` responses.
+    /// The reset and immediate classes apply only to a stream that had worked (at least one response): a server
+    /// that fails every stream at once, e.g. istiod without `PILOT_ENABLE_AMBIENT=true` (an `Unknown` status), is
+    /// retried with doubling delays rather than every 10 ms.
+    pub fn after(&mut self, end: &StreamEnd, responses: u64) -> Duration {
+        let worked = responses > 0;
         let reset = match end {
-            StreamEnd::Ended { responses } if *responses > 0 => return Duration::ZERO,
+            StreamEnd::Ended { .. } if worked => return Duration::ZERO,
             StreamEnd::Ended { .. } | StreamEnd::Connect(_) => false,
+            StreamEnd::Status(_) if !worked => false,
             StreamEnd::Status(s) => match s.code {
                 Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => true,
                 Code::Unavailable => {
@@ -273,6 +279,8 @@ pub struct AdsClient<H> {
     not_yet_seen: BTreeSet<ResourceType>,
     ready: watch::Sender<bool>,
     backoff: Backoff,
+    /// Responses received on the last (or current) stream.
+    last_stream_responses: u64,
 }
 
 impl<H: Handler> AdsClient<H> {
@@ -281,7 +289,16 @@ impl<H: Handler> AdsClient<H> {
         let (ready, readiness) = watch::channel(config.types.is_empty());
         let backoff = Backoff::new(config.backoff_initial, config.backoff_max);
         let not_yet_seen = config.types.iter().copied().collect();
-        let client = AdsClient { channel, config, handler, held: BTreeMap::new(), not_yet_seen, ready, backoff };
+        let client = AdsClient {
+            channel,
+            config,
+            handler,
+            held: BTreeMap::new(),
+            not_yet_seen,
+            ready,
+            backoff,
+            last_stream_responses: 0,
+        };
         (client, Readiness(readiness))
     }
 
@@ -298,7 +315,7 @@ impl<H: Handler> AdsClient<H> {
                 end = self.run_stream() => end,
                 () = &mut shutdown => return,
             };
-            let delay = self.backoff.after(&end);
+            let delay = self.backoff.after(&end, self.last_stream_responses);
             match &end {
                 StreamEnd::Ended { responses } => tracing::info!(responses, ?delay, "xDS stream ended"),
                 StreamEnd::Connect(e) => tracing::warn!(error = %e, ?delay, "xDS connection failed"),
@@ -335,6 +352,7 @@ impl<H: Handler> AdsClient<H> {
             }
         }
         tracing::info!(types = self.config.types.len(), "xDS stream open");
+        self.last_stream_responses = 0;
         let mut responses = 0u64;
         loop {
             let bytes = match stream.message_bytes().await {
@@ -347,6 +365,7 @@ impl<H: Handler> AdsClient<H> {
                 Err(message) => return StreamEnd::Status(GrpcStatus { code: Code::Internal, message }),
             };
             responses += 1;
+            self.last_stream_responses = responses;
             let (answer, ty) = self.handle_response(response);
             if let Err(e) = sink.send(&answer) {
                 return StreamEnd::from_stream_error(e);
@@ -462,22 +481,26 @@ mod tests {
         let ms = Duration::from_millis;
         let mut b = Backoff::new(ms(10), Duration::from_secs(15));
         let conn = || StreamEnd::Connect(ChannelError::ConnectTimeout("x".into()));
-        assert_eq!(b.after(&conn()), ms(20));
-        assert_eq!(b.after(&status(Code::Unauthenticated, "")), ms(40));
-        assert_eq!(b.after(&StreamEnd::Ended { responses: 3 }), Duration::ZERO);
-        assert_eq!(b.after(&StreamEnd::Ended { responses: 0 }), ms(80));
-        assert_eq!(b.after(&status(Code::Unavailable, "connection refused")), ms(160));
-        assert_eq!(b.after(&status(Code::Unavailable, "transport is closing")), ms(10));
-        assert_eq!(b.after(&conn()), ms(20));
-        assert_eq!(b.after(&status(Code::Unavailable, "received prior goaway: code: NO_ERROR")), ms(10));
+        assert_eq!(b.after(&conn(), 0), ms(20));
+        assert_eq!(b.after(&status(Code::Unauthenticated, ""), 0), ms(40));
+        assert_eq!(b.after(&status(Code::Unauthenticated, ""), 5), ms(80));
+        assert_eq!(b.after(&StreamEnd::Ended { responses: 3 }, 3), Duration::ZERO);
+        assert_eq!(b.after(&StreamEnd::Ended { responses: 0 }, 0), ms(160));
+        assert_eq!(b.after(&status(Code::Unavailable, "connection refused"), 1), ms(320));
+        assert_eq!(b.after(&status(Code::Unavailable, "transport is closing"), 1), ms(10));
+        assert_eq!(b.after(&conn(), 0), ms(20));
+        assert_eq!(b.after(&status(Code::Unavailable, "received prior goaway: code: NO_ERROR"), 7), ms(10));
         for code in [Code::Unknown, Code::Cancelled, Code::DeadlineExceeded] {
-            b.after(&conn());
-            assert_eq!(b.after(&status(code, "")), ms(10), "{code:?}");
+            b.after(&conn(), 0);
+            assert_eq!(b.after(&status(code, ""), 1), ms(10), "{code:?}");
         }
+        // The same statuses before any response: doubling (istiod without ambient answers Unknown at once).
+        assert_eq!(b.after(&status(Code::Unknown, "ztunnel requires PILOT_ENABLE_AMBIENT=true"), 0), ms(20));
+        assert_eq!(b.after(&status(Code::Unavailable, "transport is closing"), 0), ms(40));
         for _ in 0..20 {
-            b.after(&conn());
+            b.after(&conn(), 0);
         }
-        assert_eq!(b.after(&conn()), Duration::from_secs(15));
+        assert_eq!(b.after(&conn(), 0), Duration::from_secs(15));
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct Attempt {
 }
 
 struct Shared {
+    /// False: istiod without `PILOT_ENABLE_AMBIENT=true`, which refuses ztunnel nodes.
+    ambient: bool,
     /// Bumped at every attempt, so tests wait on it instead of polling.
     attempts_changed: tokio::sync::watch::Sender<usize>,
     token: Option<String>,
@@ -94,6 +96,7 @@ impl FakeIstiod {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let shared = Arc::new(Mutex::new(Shared {
+            ambient: true,
             attempts_changed: tokio::sync::watch::channel(0).0,
             token: token.map(str::to_owned),
             refusals: VecDeque::new(),
@@ -152,6 +155,12 @@ impl FakeIstiod {
     /// pings go unanswered. Irreversible; connections made afterwards freeze at once.
     pub fn freeze(&self) {
         self.frozen.send_replace(true);
+    }
+
+    /// Plays istiod with ambient off (`false`): after the first request, every stream ends with `Unknown: ztunnel
+    /// requires PILOT_ENABLE_AMBIENT=true` (istiod returns a plain error, which grpc-go sends as `Unknown`).
+    pub fn set_ambient(&self, ambient: bool) {
+        lock(&self.shared).ambient = ambient;
     }
 
     /// Refuses the next stream attempt with this status (queued; one per call).
@@ -336,17 +345,25 @@ async fn serve_call(
                     lock(&shared).requests.push(request.clone());
                     if let Some(first) = stream.take() {
                         // istiod: the first request must carry a valid node.
+                        let ambient = lock(&shared).ambient;
                         let check = match &request.node {
-                            None => Err("missing node information".to_owned()),
-                            Some(node) => check_node_id(&node.id),
-                        };
-                        if let Err(message) = check {
+                            None => Err((Code::InvalidArgument, "missing node information".to_owned())),
+                            Some(node) => check_node_id(&node.id).map_err(|m| (Code::InvalidArgument, m)),
+                        }
+                        .and_then(|()| {
+                            if ambient {
+                                Ok(())
+                            } else {
+                                Err((Code::Unknown, "ztunnel requires PILOT_ENABLE_AMBIENT=true".to_owned()))
+                            }
+                        });
+                        if let Err((code, message)) = check {
                             let mut s = lock(&shared);
                             if let Some(last) = s.attempts.last_mut() {
-                                last.refused = Some((Code::InvalidArgument, message.clone()));
+                                last.refused = Some((code, message.clone()));
                             }
                             drop(s);
-                            finish(&mut respond, send.take(), Code::InvalidArgument, &message);
+                            finish(&mut respond, send.take(), code, &message);
                             return;
                         }
                         let _ = streams_tx.send(first);

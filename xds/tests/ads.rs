@@ -299,7 +299,7 @@ async fn reconnect_after_a_reset_echoes_held_versions_but_not_rejected_ones() {
 
 #[tokio::test]
 async fn backoff_doubles_on_refusals_and_resets_on_connection_age() {
-    let fake = FakeIstiod::start(None).await;
+    let mut fake = FakeIstiod::start(None).await;
     let recorder = Recorder::new();
     let channel = Channel::new(channel_config(&fake, Token::None)).unwrap();
     let mut config = AdsConfig::new(identity().node());
@@ -308,18 +308,39 @@ async fn backoff_doubles_on_refusals_and_resets_on_connection_age() {
     for _ in 0..3 {
         fake.refuse_next(Code::Unauthenticated, "request authenticate failure");
     }
-    fake.refuse_next(Code::Unavailable, "transport is closing");
-    fake.refuse_next(Code::PermissionDenied, "no");
     let _stop = spawn_run(client);
+    // The 4th attempt is served, then ended as istiod does at its maximum connection age.
+    let mut stream = fake.next_stream().await;
+    initial(&mut stream).await;
+    stream.send(response(ADDRESS_TYPE_URL, "n1", vec![], vec![]));
+    stream.request().await;
+    fake.refuse_next(Code::PermissionDenied, "no");
+    stream.end(Code::Unavailable, "transport is closing");
     let attempts = fake.wait_attempts(|a| a.len() >= 6).await;
     let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1].at - w[0].at).collect();
-    // After the 3 Unauthenticated: 100, 200, 400 ms; after "transport is closing": 50 ms; then 100 ms again.
+    // 100, 200, 400 ms after the refusals; after "transport is closing" on a working stream: 50 ms; then 100 ms.
     let ms = Duration::from_millis;
     assert!(gaps[0] >= ms(100) && gaps[1] >= ms(200) && gaps[2] >= ms(400), "{gaps:?}");
-    assert!(gaps[3] >= ms(50) && gaps[3] < ms(400), "reset to the initial backoff: {gaps:?}");
-    assert!(gaps[4] >= ms(100) && gaps[4] < gaps[2], "doubling from the initial again: {gaps:?}");
+    assert!(gaps[3] >= ms(50), "{gaps:?}");
+    assert!(gaps[4] >= ms(100) && gaps[4] < ms(400), "reset to the initial backoff, then doubling: {gaps:?}");
     assert_eq!(attempts[0].refused.as_ref().map(|r| r.0), Some(Code::Unauthenticated));
+    assert_eq!(attempts[4].refused.as_ref().map(|r| r.0), Some(Code::PermissionDenied));
     assert!(attempts[5].refused.is_none());
+}
+
+#[tokio::test]
+async fn istiod_without_ambient_is_retried_with_doubling_delays() {
+    let fake = FakeIstiod::start(None).await;
+    fake.set_ambient(false);
+    let recorder = Recorder::new();
+    let (client, _) = client(&fake, Token::None, &recorder);
+    let _stop = spawn_run(client);
+    let attempts = fake.wait_attempts(|a| a.len() >= 4).await;
+    let refused = attempts[0].refused.clone().unwrap();
+    assert_eq!(refused, (Code::Unknown, "ztunnel requires PILOT_ENABLE_AMBIENT=true".to_owned()));
+    let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1].at - w[0].at).collect();
+    let ms = Duration::from_millis;
+    assert!(gaps[0] >= ms(20) && gaps[1] >= ms(40) && gaps[2] >= ms(80), "not a 10 ms loop: {gaps:?}");
 }
 
 #[tokio::test]
