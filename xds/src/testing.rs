@@ -2,9 +2,11 @@
 //!
 //! Guarantees: like istiod it refuses a stream whose bearer token is not the expected one (`Unauthenticated`),
 //! and one whose first request has no node or a node id that is not 4 `~`-separated parts of type `ztunnel` with
-//! a valid IP (`InvalidArgument`); it can also refuse the next streams with scripted statuses. Every accepted
-//! stream is handed to the test as a [`FakeStream`], through which the test reads the client's requests and
-//! sends responses, ends or resets the stream. Every request and every stream attempt is recorded. Waits are
+//! a valid IP (`InvalidArgument`), or every ztunnel stream when playing istiod without ambient (`Unknown: ztunnel
+//! requires PILOT_ENABLE_AMBIENT=true`); it can also refuse the next streams with scripted statuses, and freeze
+//! (stop reading its connections, so pings go unanswered). Like grpc-go it sends response headers only with the
+//! first message. Every accepted stream is handed to the test as a [`FakeStream`], through which the test reads
+//! the client's requests and sends responses (or raw bytes), ends or resets the stream. Every request and every stream attempt is recorded. Waits are
 //! bounded by [`WAIT`] and wake on events (no polling); a helper that times out panics, which fails the test.
 
 use std::collections::VecDeque;
