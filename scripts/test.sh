@@ -18,9 +18,12 @@ fi
 # 4 minutes cold): e2e/tests/istio_differential.rs runs generated pods through Istio's plugin and ours and compares
 # the rules; e2e/tests/istio_installer_differential.rs runs Istio's installer fixtures through both install-cnis and
 # compares what each writes and leaves; e2e/tests/istio_ambient_differential.rs has Istio's ambient node agent and
-# ours enroll the same pods and compares rules, probe SNAT, ZDS and annotations. ISTIO_REF=0 skips them.
+# ours enroll the same pods and compares rules, probe SNAT, ZDS and annotations; with the real node, Istio's istiod
+# is built too (a few minutes cold) for e2e/tests/real_node.rs's xDS test. ISTIO_REF=0 skips them.
 if [ "${ISTIO_REF:-1}" != 0 ]; then
   scripts/istio-ref/build.sh
+  # Istio's istiod (pilot-discovery): the real-node test of our xDS client runs against it (issue #32).
+  [ "$real_node" != 0 ] && scripts/istio-ref/build.sh pilot-discovery
   export ISTIO_REF_REQUIRED=1
 fi
 log=$(mktemp)

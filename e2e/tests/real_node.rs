@@ -812,3 +812,128 @@ fn on_a_real_api_server_the_agent_gets_no_pod_writes_once_per_pod_and_watches_on
     assert!(unscoped.is_empty(), "pod reads of the agent not scoped to {node_scoped}: {unscoped:#?}");
     node.delete_namespace(ns);
 }
+
+/// What istiod has sent our xDS client so far: workloads (uid → tunnel protocol, node, addresses) and policies
+/// (`ns/name` → action).
+#[derive(Debug, Default)]
+struct Received {
+    workloads: std::collections::BTreeMap<String, (i32, String, Vec<Vec<u8>>)>,
+    policies: std::collections::BTreeMap<String, i32>,
+}
+
+/// The xDS client's consumer in the test: it keeps what it is given.
+struct Keep(std::sync::Arc<std::sync::Mutex<Received>>);
+
+impl xds::ads::Handler for Keep {
+    fn apply(
+        &mut self,
+        _ty: xds::wire::ResourceType,
+        upserts: Vec<xds::ads::Upsert>,
+        removals: Vec<String>,
+    ) -> Vec<(String, String)> {
+        use xds::wire::resource::DecodedResource;
+        use xds::wire::workload::address::Type;
+        let mut got = self.0.lock().unwrap();
+        for name in removals {
+            got.workloads.remove(&name);
+            got.policies.remove(&name);
+        }
+        for upsert in upserts {
+            match upsert.resource {
+                DecodedResource::Address(address) => {
+                    if let Some(Type::Workload(w)) = address.r#type {
+                        got.workloads.insert(upsert.name, (w.tunnel_protocol, w.node, w.addresses));
+                    }
+                }
+                DecodedResource::Authorization(policy) => {
+                    got.policies.insert(upsert.name, policy.action);
+                }
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// Issue #32 against a real istiod: Istio's own `pilot-discovery`, built from the pinned module, on the real node's
+/// API server. Our xDS client connects over TLS to 15012 as ztunnel does (a `istio-system/ztunnel` token with audience
+/// `istio-ca`, the mesh root from `istio-ca-root-cert`), receives the workloads of the pods our agent enrolled
+/// (HBONE, on this node, with their IPs), and an `AuthorizationPolicy` written with kubectl reaches it within seconds
+/// as it goes from ALLOW to DENY, back to ALLOW, and away.
+#[test]
+fn a_real_istiod_sends_our_xds_client_the_enrolled_workloads_and_each_policy_change() {
+    let Some((_guard, node)) = node() else { return };
+    let Some(istiod) = testbed::real_istiod::RealIstiod::start(&node) else { return };
+    let ns = "real-istiod";
+    let pods = enrolled_app(&node, ns, "xds", 2);
+
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Received::default()));
+    let vars: std::collections::BTreeMap<String, String> = [
+        ("XDS_ADDRESS", istiod.address()),
+        ("XDS_ROOT_CA", istiod.root_cert().display().to_string()),
+        ("AUTH_TOKEN", istiod.token().display().to_string()),
+        ("POD_NAME", "ztunnel-test".to_string()),
+        ("POD_NAMESPACE", RELEASE_NAMESPACE.to_string()),
+        ("NODE_NAME", NODE_NAME.to_string()),
+        ("INSTANCE_IP", testbed::real_node::NODE_IP.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let config = xds::settings::channel_config(xds::settings::Endpoint::Xds, &vars, std::path::Path::exists)
+        .expect("xDS settings")
+        .expect("an xDS address");
+    let channel = xds::channel::Channel::new(config).expect("channel");
+    let identity = xds::settings::node_identity(&vars).expect("node identity");
+    let (client, readiness) =
+        xds::ads::AdsClient::new(channel, xds::ads::AdsConfig::new(identity.node()), Keep(received.clone()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let task = runtime.spawn(client.run(async move {
+        let _ = stopped.await;
+    }));
+    let context = || format!("received: {:?}\nistiod:\n{}", received.lock().unwrap(), istiod.log());
+    node.eventually_or("the xDS client is ready (both types applied)", || readiness.is_ready().then_some(()), context);
+
+    // The enrolled pods, as istiod's ambient controller describes them to a node proxy.
+    for (name, ip) in &pods {
+        let uid = format!("Kubernetes//Pod/{ns}/{name}");
+        let octets: Vec<u8> = ip.parse::<std::net::Ipv4Addr>().unwrap().octets().to_vec();
+        node.eventually_or(
+            &format!("istiod sends {uid} as an HBONE workload on {NODE_NAME} at {ip}"),
+            || {
+                let got = received.lock().unwrap();
+                let (tunnel, on, addresses) = got.workloads.get(&uid)?;
+                let hbone = *tunnel == xds::wire::workload::TunnelProtocol::Hbone as i32;
+                (hbone && on == NODE_NAME && addresses.contains(&octets)).then_some(())
+            },
+            context,
+        );
+    }
+
+    // A policy, changed from ALLOW to DENY and back, then deleted: each change reaches the client.
+    let policy = |action: &str| {
+        format!(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: gate, namespace: {ns}}}\n\
+             spec:\n  action: {action}\n  rules:\n  - from: [{{source: {{namespaces: [\"other\"]}}}}]\n"
+        )
+    };
+    let key = format!("{ns}/gate");
+    let (allow, deny) = (xds::wire::security::Action::Allow as i32, xds::wire::security::Action::Deny as i32);
+    for (action, want) in [("ALLOW", allow), ("DENY", deny), ("ALLOW", allow)] {
+        node.apply(&policy(action));
+        node.eventually_or(
+            &format!("istiod sends {key} as {action}"),
+            || (received.lock().unwrap().policies.get(&key) == Some(&want)).then_some(()),
+            context,
+        );
+    }
+    node.kubectl(&["delete", "authorizationpolicy", "gate", "-n", ns]);
+    node.eventually_or(
+        &format!("istiod removes {key}"),
+        || (!received.lock().unwrap().policies.contains_key(&key)).then_some(()),
+        context,
+    );
+    let _ = stop.send(());
+    let _ = runtime.block_on(task);
+    node.delete_namespace(ns);
+}

@@ -4,8 +4,9 @@
 # default /var/cache/istio-cni-rs/istio-ref). A second run finds every binary cached and returns at once.
 # Test references only (issue #29): nothing built here goes into our images or our code.
 #
-#   scripts/istio-ref/build.sh [cni|pilot-discovery|bin-dir|version]     (default cni: istio-cni and install-cni)
-#   (bin-dir and version print where the binaries are and the pinned istio.io/istio version, touching nothing)
+#   scripts/istio-ref/build.sh [cni|pilot-discovery|crd-file|bin-dir|version]     (default cni: istio-cni and install-cni)
+#   (bin-dir and version print where the binaries are and the pinned istio.io/istio version, touching nothing;
+#   crd-file prints the path of Istio's CustomResourceDefinitions in the pinned module, downloading it if needed)
 #
 # The version is pinned here, in one place: istio.io/istio is served only as a pseudo-version.
 set -euo pipefail
@@ -79,8 +80,15 @@ build_pilot() {
   build vtprotobuf,disable_pgv pilot-discovery
 }
 
+# Istio's CRDs (AuthorizationPolicy and the rest), as its base chart installs them, from the pinned module.
+crd_file() {
+  local dir; dir=$(go mod download -json "istio.io/istio@$ISTIO_VERSION" | jq -r .Dir)
+  echo "$dir/manifests/charts/base/files/crd-all.gen.yaml"
+}
+
 case "${1:-cni}" in
   cni) build_cni ;;
   pilot-discovery) build_pilot ;;
-  *) echo "usage: $0 [cni|pilot-discovery|bin-dir|version]" >&2; exit 2 ;;
+  crd-file) crd_file ;;
+  *) echo "usage: $0 [cni|pilot-discovery|crd-file|bin-dir|version]" >&2; exit 2 ;;
 esac

@@ -20,6 +20,7 @@ pub mod node_agent;
 pub mod pod_process;
 pub mod podman;
 pub mod real_apiserver;
+pub mod real_istiod;
 pub mod real_node;
 pub mod rule_dump;
 pub mod runtime;
