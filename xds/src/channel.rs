@@ -400,7 +400,8 @@ impl ServerCertVerifier for AltNameVerifier {
     }
 }
 
-/// One HTTP/2 connection to istiod; calls on it are independent streams. Dropping it closes the connection.
+/// One HTTP/2 connection to istiod; calls on it are independent streams, and may run concurrently (share it behind
+/// an `Arc`). Dropping it closes the connection.
 pub struct Connection {
     send: SendRequest<Bytes>,
     driver: JoinHandle<()>,
@@ -418,7 +419,7 @@ impl Connection {
     /// response headers: a grpc-go server (istiod) sends them only with its first message, which it sends only
     /// after the client's first request. The headers (or a trailers-only refusal) are read by the first
     /// [`ResponseStream::message`].
-    pub async fn streaming(&mut self, path: &str) -> Result<(RequestSink, ResponseStream), ChannelError> {
+    pub async fn streaming(&self, path: &str) -> Result<(RequestSink, ResponseStream), ChannelError> {
         let request = self.channel.request(path).await?;
         let mut send = self.send.clone().ready().await?;
         let (response, body) = send.send_request(request, false)?;
@@ -428,7 +429,7 @@ impl Connection {
 
     /// A unary call: sends `request`, returns the one response message.
     pub async fn unary<Req: prost::Message, Resp: prost::Message + Default>(
-        &mut self,
+        &self,
         path: &str,
         request: &Req,
     ) -> Result<Resp, ChannelError> {
