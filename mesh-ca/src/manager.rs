@@ -105,6 +105,9 @@ pub enum CertificateError {
         /// The last fetch's failure.
         error: Arc<FetchError>,
     },
+    /// The held certificate has just expired and no fetch has failed yet; the worker is fetching a new one.
+    #[error("no certificate for {0}: the held one expired")]
+    Expired(String),
     /// The identity was forgotten while waiting.
     #[error("no certificate for {0}: forgotten")]
     Forgotten(String),
@@ -251,10 +254,7 @@ impl CertificateManager {
             (Some(certificate), _) if certificate.is_valid_at(now) => Ok(certificate),
             (_, Some(error)) => Err(CertificateError::Unavailable { identity: identity.to_string(), error }),
             // Held but expired a moment ago and the worker has not caught up: report it as unavailable.
-            (_, None) => Err(CertificateError::Unavailable {
-                identity: identity.to_string(),
-                error: Arc::new(FetchError::Timeout(Duration::ZERO)),
-            }),
+            (_, None) => Err(CertificateError::Expired(identity.to_string())),
         }
     }
 
