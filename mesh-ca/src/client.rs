@@ -180,6 +180,25 @@ impl CaClient {
         })
     }
 
+    /// The client ztunnel's variables describe: the channel of `CA_ADDRESS`, `CA_ROOT_CA`, `ALT_CA_HOSTNAME`,
+    /// `AUTH_TOKEN`, `CA_HEADER_*`, the cluster id ([`xds::settings::channel_config`]) and the TTL of `SECRET_TTL`;
+    /// `None` when `CA_ADDRESS` is set but empty (no CA). `exists` tells which files exist (the token path test).
+    pub fn from_env(
+        vars: &BTreeMap<String, String>,
+        exists: impl Fn(&std::path::Path) -> bool,
+    ) -> Result<Option<Self>, String> {
+        let Some(config) = xds::settings::channel_config(xds::settings::Endpoint::Ca, vars, exists)? else {
+            return Ok(None);
+        };
+        let settings = RequestSettings { ttl: secret_ttl(vars)?, ..RequestSettings::default() };
+        CaClient::new(config, settings).map(Some).map_err(|e| e.to_string())
+    }
+
+    /// The request settings (TTL, limits, clock).
+    pub fn settings(&self) -> &RequestSettings {
+        &self.settings
+    }
+
     /// Changes the bound on one call (default [`DEFAULT_CALL_TIMEOUT`]).
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
@@ -253,6 +272,19 @@ mod tests {
         assert!(secret_ttl(&vars("0s")).unwrap_err().contains("at least 1s"));
         assert!(secret_ttl(&vars("-1h")).is_err());
         assert!(secret_ttl(&vars("soon")).unwrap_err().starts_with("SECRET_TTL"));
+    }
+
+    #[test]
+    fn the_client_follows_ztunnels_variables() {
+        let vars: BTreeMap<String, String> =
+            [("CA_ADDRESS", "istiod.istio-system.svc:15012"), ("SECRET_TTL", "12h"), ("CA_ROOT_CA", "/roots.pem")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+        let client = CaClient::from_env(&vars, |_| false).unwrap().unwrap();
+        assert_eq!(client.settings().ttl, Duration::from_secs(12 * 3600));
+        let disabled = BTreeMap::from([("CA_ADDRESS".to_owned(), String::new())]);
+        assert!(CaClient::from_env(&disabled, |_| false).unwrap().is_none());
     }
 
     #[test]

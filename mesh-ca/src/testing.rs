@@ -16,7 +16,9 @@
 //! 4. the response is istiod's: the leaf, the intermediate, then the root bundle last, each ending in `\n`.
 //!
 //! The CA is a root and an intermediate made with rcgen (P-256); leaves are signed by the intermediate for
-//! `[now, now + ttl]` on the fake's [`Clock`], with increasing serial numbers. A test can also script refusals,
+//! `[now - 2 min, now + ttl]` on the fake's [`Clock`] (istiod's back-dating; notAfter clamped to the
+//! intermediate's), with increasing serial numbers; an expired intermediate is istiod's `Internal: CSR signing
+//! error (signing certificate has expired at …)`. A test can also script refusals,
 //! tamper with responses (another SAN, a given chain, raw bytes), and hold requests to count how many are in
 //! flight. The fake is reachable in process ([`FakeCa::signer`], for paused-time tests) or over TLS + HTTP/2
 //! ([`FakeCa::serve`]). Every request is recorded; waits are bounded by [`WAIT`].
@@ -54,6 +56,8 @@ pub const IMPERSONATION_FAILURE: &str = "request impersonation authentication fa
 pub const CSR_SIGNING_ERROR: &str = "CSR signing error";
 /// istiod's `DEFAULT_WORKLOAD_CERT_TTL`.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How far istiod back-dates a leaf's notBefore (`ClockSkewGracePeriod`).
+pub const CLOCK_SKEW_GRACE_PERIOD: Duration = Duration::from_secs(120);
 /// istiod's `MAX_WORKLOAD_CERT_TTL`.
 pub const MAX_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
 
@@ -122,6 +126,7 @@ struct State {
     max_ttl: Duration,
     issuer: Issuer<'static, KeyPair>,
     intermediate_pem: String,
+    intermediate_not_after: SystemTime,
     root_pem: String,
     serial: u64,
     tamper: Option<Tamper>,
@@ -173,14 +178,15 @@ impl FakeCa {
         )
     }
 
-    /// A CA whose root (and intermediate) are valid over `[not_before, not_after]` (an expired root: both past).
+    /// A CA whose root is valid over `[not_before, not_after]` (an expired root: both past); the intermediate that
+    /// signs leaves stays valid from an hour ago for ten years (a plugged-in intermediate outliving its root).
     pub fn with_root_validity(
         trust_domain: &str,
         clock: Clock,
         not_before: SystemTime,
         not_after: SystemTime,
     ) -> FakeCa {
-        let ca_params = |cn: &str| {
+        let ca_params = |cn: &str, not_before: SystemTime, not_after: SystemTime| {
             let mut p = CertificateParams::default();
             p.distinguished_name = DistinguishedName::new();
             p.distinguished_name.push(DnType::OrganizationName, trust_domain);
@@ -192,12 +198,15 @@ impl FakeCa {
             p.not_after = offset(not_after);
             p
         };
+        let now = clock.now();
         let root_key = KeyPair::generate().expect("root key");
-        let root_params = ca_params("fake istiod root");
+        let root_params = ca_params("fake istiod root", not_before, not_after);
         let root = root_params.self_signed(&root_key).expect("root certificate");
         let root_issuer = Issuer::new(root_params, root_key);
         let intermediate_key = KeyPair::generate().expect("intermediate key");
-        let intermediate_params = ca_params("fake istiod intermediate");
+        let intermediate_not_after = now + Duration::from_secs(10 * 365 * 86400);
+        let intermediate_params =
+            ca_params("fake istiod intermediate", now - Duration::from_secs(3600), intermediate_not_after);
         let intermediate = intermediate_params.signed_by(&intermediate_key, &root_issuer).expect("intermediate");
         let issuer = Issuer::new(intermediate_params, intermediate_key);
         let (changed, _) = watch::channel(0);
@@ -212,6 +221,7 @@ impl FakeCa {
                 max_ttl: MAX_TTL,
                 issuer,
                 intermediate_pem: intermediate.pem(),
+                intermediate_not_after,
                 root_pem: root.pem(),
                 serial: 1000,
                 tamper: None,
@@ -433,13 +443,19 @@ impl State {
             Some(Tamper::San(other)) => other.clone(),
             _ => san,
         };
+        // istiod (`genCertTemplateFromCSR`): refuse when the signing certificate has expired, back-date notBefore
+        // by `ClockSkewGracePeriod` (2 min), clamp notAfter to the signing certificate's.
         let now = self.clock.now();
+        if now >= self.intermediate_not_after {
+            let at = jiff::Timestamp::try_from(self.intermediate_not_after).map(|t| t.to_string()).unwrap_or_default();
+            return Err((Code::Internal, format!("{CSR_SIGNING_ERROR} (signing certificate has expired at {at})")));
+        }
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.subject_alt_names =
             vec![SanType::URI(san.clone().try_into().map_err(|e: rcgen::Error| signing_error(e.to_string()))?)];
-        params.not_before = offset(now);
-        params.not_after = offset(now + ttl);
+        params.not_before = offset(now - CLOCK_SKEW_GRACE_PERIOD);
+        params.not_after = offset((now + ttl).min(self.intermediate_not_after));
         params.is_ca = IsCa::NoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];

@@ -95,7 +95,8 @@ async fn impersonation_over_tls_gives_a_verified_certificate_for_the_identity() 
     assert_eq!(cert.identity(), &bookinfo);
     assert_eq!(cert.chain().len(), 2, "leaf and intermediate");
     assert_eq!(cert.roots().len(), 1);
-    assert_eq!(cert.not_after().duration_since(cert.not_before()).unwrap(), Duration::from_secs(86400));
+    // istiod back-dates notBefore by 2 minutes.
+    assert_eq!(cert.not_after().duration_since(cert.not_before()).unwrap(), Duration::from_secs(86400 + 120));
     assert!(cert.issuer().contains("fake istiod intermediate"), "{}", cert.issuer());
     cert.certified_key().expect("a key rustls can present");
 
@@ -233,7 +234,7 @@ async fn the_fakes_refusals_are_istiods() {
             &settings.limits,
         )
         .unwrap();
-        assert_eq!(chain.not_after.duration_since(chain.not_before).unwrap(), Duration::from_secs(86400));
+        assert_eq!(chain.not_after.duration_since(chain.not_before).unwrap(), Duration::from_secs(86400 + 120));
         // istiod's order: leaf, intermediate, root bundle last; each certificate element ends in a newline.
         assert_eq!(response.cert_chain.len(), 3);
         assert!(response.cert_chain.iter().all(|pem| pem.ends_with("-----END CERTIFICATE-----\n")));
@@ -287,22 +288,25 @@ async fn certificates_are_refreshed_at_half_life() {
     manager.register(&bookinfo);
     let first = manager.certificate(&bookinfo).await.unwrap();
     let issued = ca.requests()[0].at;
+    let wall_at_issue = clock.now() - issued.elapsed();
+    // Half-life: not_before + (not_after - not_before) / 2, with istiod's 2-minute back-dating ttl/2 - 1 min.
+    let half_life = first.refresh_at().duration_since(wall_at_issue).unwrap();
+    assert!(half_life <= ttl / 2 - Duration::from_secs(60) && half_life > ttl / 2 - Duration::from_secs(61));
     let snapshot = manager.snapshot();
     assert_eq!(snapshot.len(), 1);
     assert_eq!(snapshot[0].state, "Available");
     assert_eq!(snapshot[0].serial.as_deref(), Some(first.serial()));
 
-    tokio::time::sleep(ttl / 2 - Duration::from_secs(1)).await;
+    tokio::time::sleep(half_life - Duration::from_millis(10)).await;
     assert_eq!(ca.requests().len(), 1, "no refresh before half-life");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let requests = ca.requests();
     assert_eq!(requests.len(), 2, "refreshed at half-life");
-    // Certificate times are whole seconds, so half-life falls up to 1 s before issuance + ttl/2.
     let at = requests[1].at - issued;
-    assert!(at > ttl / 2 - Duration::from_secs(1) && at <= ttl / 2, "refresh after {at:?}");
+    assert!(at.abs_diff(half_life) <= Duration::from_millis(2), "refresh after {at:?}, half-life {half_life:?}");
     let second = manager.certificate(&bookinfo).await.unwrap();
     assert_ne!(second.serial(), first.serial());
-    assert_eq!(second.not_before(), first.not_before() + ttl / 2);
+    assert!(second.not_before() > first.not_before());
 }
 
 #[tokio::test(start_paused = true)]
