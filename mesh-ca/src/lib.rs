@@ -8,6 +8,7 @@
 //! * [`client`]: `CreateCertificate` with `ImpersonatedIdentity` over the `xds` channel;
 //! * [`manager`]: one certificate per identity, warm-up, on-demand fetches, half-life refresh, backoff, at most 8
 //!   requests in flight, a config-dump snapshot;
+//! * [`permits`]: the in-flight bound, serving waiters by priority (on demand, warm-up, refresh);
 //! * `testing` (feature `testing`): a fake istiod CA applying istiod's checks, in process or over TLS.
 //!
 //! Every response is treated as hostile: sizes and counts are bounded before allocation and the chain is verified
@@ -25,6 +26,8 @@ pub mod clock;
 pub mod csr;
 #[cfg(feature = "runtime")]
 pub mod manager;
+#[cfg(feature = "runtime")]
+pub mod permits;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod wire;

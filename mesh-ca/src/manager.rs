@@ -11,7 +11,9 @@
 //! * a failed fetch is retried after ztunnel's backoff ([`BackoffPolicy`]: 500 ms, then 1 s doubling to 150 s,
 //!   ±20 % jitter) and reset by a success; meanwhile a still-valid certificate is kept and handed out, and the
 //!   retry comes no later than its expiry, when it is dropped;
-//! * at most `max_in_flight` (default 8) fetches run at once, across identities;
+//! * at most `max_in_flight` (default 8) fetches run at once, across identities, served by priority
+//!   ([`crate::permits`]): a fetch someone waits for ([`CertificateManager::certificate`] without a valid
+//!   certificate) first, then first certificates of registered identities, then refreshes and retries;
 //! * [`CertificateManager::snapshot`] reports each identity as ztunnel's config dump does: `Initializing`,
 //!   `Available`, or `Unavailable: <error>` (e.g. `Unavailable: signing gRPC error (…): request impersonation
 //!   authentication failure`), with the held certificate's validity, serial and issuer.
@@ -22,12 +24,13 @@ use std::time::{Duration, SystemTime};
 
 use hbone::identity::Identity;
 use ring::rand::{SecureRandom, SystemRandom};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::certificate::WorkloadCertificate;
 use crate::client::{FetchError, Signer};
 use crate::clock::Clock;
+use crate::permits::{Permits, Priority};
 
 /// ztunnel's retry delays for a failed fetch.
 #[derive(Clone, Debug)]
@@ -129,6 +132,8 @@ impl Slot {
 struct Entry {
     registrations: usize,
     slot: watch::Receiver<Slot>,
+    /// Set when someone waits for this identity's certificate: its next request goes first.
+    urgent: Arc<watch::Sender<bool>>,
     worker: JoinHandle<()>,
 }
 
@@ -141,7 +146,7 @@ impl Drop for Entry {
 struct Inner {
     signer: Arc<dyn Signer>,
     config: ManagerConfig,
-    permits: Arc<Semaphore>,
+    permits: Arc<Permits>,
     random: SystemRandom,
     entries: Mutex<HashMap<Identity, Entry>>,
 }
@@ -195,7 +200,7 @@ impl CertificateManager {
     /// A manager obtaining certificates from `signer` (a [`crate::client::CaClient`] in the proxy). Must be
     /// created inside a tokio runtime's context (workers are spawned on it).
     pub fn new(signer: Arc<dyn Signer>, config: ManagerConfig) -> Self {
-        let permits = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+        let permits = Permits::new(config.max_in_flight);
         CertificateManager {
             inner: Arc::new(Inner {
                 signer,
@@ -235,17 +240,24 @@ impl CertificateManager {
     fn entry<'a>(&self, entries: &'a mut HashMap<Identity, Entry>, identity: &Identity) -> &'a mut Entry {
         entries.entry(identity.clone()).or_insert_with(|| {
             let (tx, rx) = watch::channel(Slot::default());
-            let worker = tokio::spawn(run_worker(self.inner.clone(), identity.clone(), tx));
-            Entry { registrations: 0, slot: rx, worker }
+            let urgent = Arc::new(watch::channel(false).0);
+            let worker = tokio::spawn(run_worker(self.inner.clone(), identity.clone(), tx, urgent.clone()));
+            Entry { registrations: 0, slot: rx, urgent, worker }
         })
     }
 
     /// The certificate for `identity`: the held one if valid, else the outcome of the fetch in progress (started
     /// now for an identity not held). Callers bound the wait with their own timeout.
     pub async fn certificate(&self, identity: &Identity) -> Result<Arc<WorkloadCertificate>, CertificateError> {
+        let now = self.inner.config.clock.now();
         let mut slot = {
             let mut entries = lock(&self.inner.entries);
-            self.entry(&mut entries, identity).slot.clone()
+            let entry = self.entry(&mut entries, identity);
+            let valid = entry.slot.borrow().certificate.as_ref().is_some_and(|c| c.is_valid_at(now));
+            if !valid {
+                entry.urgent.send_replace(true);
+            }
+            entry.slot.clone()
         };
         let forgotten = || CertificateError::Forgotten(identity.to_string());
         let settled = slot.wait_for(Slot::settled).await.map_err(|_| forgotten())?.clone();
@@ -287,17 +299,44 @@ impl CertificateManager {
     }
 }
 
-async fn run_worker(inner: Arc<Inner>, identity: Identity, slot: watch::Sender<Slot>) {
+/// A permit at `priority`, or at [`Priority::RealTime`] as soon as someone waits for the certificate.
+async fn acquire(permits: &Arc<Permits>, priority: Priority, urgent: &watch::Sender<bool>) -> crate::permits::Permit {
+    let mut urgent = urgent.subscribe();
+    let already = *urgent.borrow();
+    if already {
+        return permits.acquire(Priority::RealTime).await;
+    }
+    let became_urgent = async move {
+        if urgent.wait_for(|u| *u).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        permit = permits.acquire(priority) => permit,
+        () = became_urgent => permits.acquire(Priority::RealTime).await,
+    }
+}
+
+async fn run_worker(
+    inner: Arc<Inner>,
+    identity: Identity,
+    slot: watch::Sender<Slot>,
+    urgent: Arc<watch::Sender<bool>>,
+) {
     let clock = inner.config.clock;
     let mut failures = 0u32;
+    let mut issued_once = false;
     loop {
+        let priority = if issued_once { Priority::Background } else { Priority::Warmup };
         let result = {
-            let Ok(_permit) = inner.permits.clone().acquire_owned().await else { return };
+            let _permit = acquire(&inner.permits, priority, &urgent).await;
+            urgent.send_replace(false);
             inner.signer.sign(&identity).await
         };
         match result {
             Ok(certificate) => {
                 failures = 0;
+                issued_once = true;
                 let refresh_at = certificate.refresh_at();
                 tracing::info!(
                     identity = %identity,

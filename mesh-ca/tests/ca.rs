@@ -501,3 +501,29 @@ async fn registrations_are_counted_and_the_last_forget_stops_refreshes() {
     manager.forget(&bookinfo);
     assert!(manager.identities().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_certificate_someone_waits_for_goes_before_warm_ups() {
+    let clock = Clock::tokio();
+    let ca = ca(clock);
+    for i in 0..20 {
+        ca.add_pod(pod("default", &format!("p{i}"), &format!("sa{i}"), NODE));
+    }
+    ca.hold(true);
+    let manager = manager(ca.signer(TOKEN, settings(clock)), clock);
+    for i in 0..20 {
+        manager.register(&id("default", &format!("sa{i}")));
+    }
+    ca.wait_in_flight(8).await;
+    // sa19 is registered and queued behind 11 warm-ups; a connection now needs it.
+    let waiting = tokio::spawn({
+        let manager = manager.clone();
+        async move { manager.certificate(&id("default", "sa19")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    ca.hold(false);
+    waiting.await.unwrap().unwrap();
+    let order: Vec<String> = ca.requests().iter().filter_map(|r| r.impersonated.clone()).collect();
+    let position = order.iter().position(|i| i.ends_with("/sa/sa19")).unwrap();
+    assert!(position <= 8, "served right after the 8 in flight, not last: {position} in {order:?}");
+}
