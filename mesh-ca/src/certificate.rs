@@ -87,6 +87,19 @@ impl WorkloadCertificate {
         &self.verified.issuer
     }
 
+    /// The parts `hbone::ca::WorkloadCert::new` takes, in its order: identity, chain (leaf first), PKCS#8 key
+    /// bytes, issued at (notBefore), expires at (notAfter). For the proxy's adapter (that constructor is
+    /// crate-private in `hbone` today; see docs/mesh-ca.md).
+    pub fn to_workload_cert_parts(&self) -> (Identity, Vec<CertificateDer<'static>>, Vec<u8>, SystemTime, SystemTime) {
+        (
+            self.identity.clone(),
+            self.verified.chain.clone(),
+            self.key.secret_pkcs8_der().to_vec(),
+            self.verified.not_before,
+            self.verified.not_after,
+        )
+    }
+
     /// The chain and key in the form rustls presents (what `hbone`'s TLS configurations take, as
     /// `hbone::ca::WorkloadCert::certified_key` gives today).
     #[cfg(feature = "runtime")]

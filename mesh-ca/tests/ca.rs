@@ -99,6 +99,12 @@ async fn impersonation_over_tls_gives_a_verified_certificate_for_the_identity() 
     assert_eq!(cert.not_after().duration_since(cert.not_before()).unwrap(), Duration::from_secs(86400 + 120));
     assert!(cert.issuer().contains("fake istiod intermediate"), "{}", cert.issuer());
     cert.certified_key().expect("a key rustls can present");
+    let (identity, chain, key, issued, expires) = cert.to_workload_cert_parts();
+    assert_eq!(
+        (identity, chain.as_slice(), issued, expires),
+        (bookinfo.clone(), cert.chain(), cert.not_before(), cert.not_after())
+    );
+    assert_eq!(key, cert.private_key().secret_der());
 
     let requests = ca.requests();
     assert_eq!(requests.len(), 1);
