@@ -7,7 +7,8 @@
 //!   the identity, its certificate and its worker when the count reaches zero;
 //! * a registered identity is fetched at once (warm-up); [`CertificateManager::certificate`] fetches an unknown
 //!   identity on demand (it is then held as if registered once) and waits for the first outcome of a fetch;
-//! * a certificate is refreshed at half-life, `not_before + (not_after - not_before) / 2`;
+//! * a certificate is refreshed at half-life, `not_before + (not_after - not_before) / 2`; one issued already past
+//!   its half-life is refreshed after the failure backoff instead, so a CA whose clock lags is not hammered;
 //! * a failed fetch is retried after ztunnel's backoff ([`BackoffPolicy`]: 500 ms, then 1 s doubling to 150 s,
 //!   ±20 % jitter) and reset by a success; meanwhile a still-valid certificate is kept and handed out, and the
 //!   retry comes no later than its expiry, when it is dropped;
@@ -335,9 +336,19 @@ async fn run_worker(
         };
         match result {
             Ok(certificate) => {
-                failures = 0;
                 issued_once = true;
-                let refresh_at = certificate.refresh_at();
+                let until_refresh = clock.until(certificate.refresh_at());
+                let wait = if until_refresh.is_zero() {
+                    // Issued already past half-life (a CA clock behind ours, a lifetime clamped by an expiring
+                    // intermediate): refreshing at once would hammer istiod, so back off as after a failure.
+                    failures = failures.saturating_add(1);
+                    let delay = inner.config.backoff.delay(failures, &inner.random);
+                    tracing::warn!(identity = %identity, retry_in = ?delay, "workload certificate issued past its half-life");
+                    delay
+                } else {
+                    failures = 0;
+                    until_refresh
+                };
                 tracing::info!(
                     identity = %identity,
                     serial = certificate.serial(),
@@ -345,7 +356,7 @@ async fn run_worker(
                     "workload certificate issued"
                 );
                 slot.send_replace(Slot { certificate: Some(Arc::new(certificate)), error: None });
-                tokio::time::sleep(clock.until(refresh_at)).await;
+                tokio::time::sleep(wait).await;
             }
             Err(error) => {
                 failures = failures.saturating_add(1);

@@ -533,3 +533,24 @@ async fn a_certificate_someone_waits_for_goes_before_warm_ups() {
     let position = order.iter().position(|i| i.ends_with("/sa/sa19")).unwrap();
     assert!(position <= 8, "served right after the 8 in flight, not last: {position} in {order:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_certificate_issued_past_its_half_life_is_not_refreshed_in_a_loop() {
+    let clock = Clock::tokio();
+    // istiod's clock is 40 minutes behind: a 1 h certificate arrives with 20 minutes left, past its half-life.
+    let lagging = match clock {
+        Clock::Tokio { wall, start } => Clock::Tokio { wall: wall - Duration::from_secs(40 * 60), start },
+        Clock::System => unreachable!(),
+    };
+    let ca = ca(lagging);
+    let ttl = Duration::from_secs(3600);
+    let manager = manager(ca.signer(TOKEN, RequestSettings { ttl, ..settings(clock) }), clock);
+    let bookinfo = id("default", "bookinfo");
+    manager.register(&bookinfo);
+    manager.certificate(&bookinfo).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Backoff: 0.5 + 1 + 2 + 4 s (±20 %) fit in 10 s, not thousands of requests.
+    let n = ca.requests().len();
+    assert!((3..=6).contains(&n), "{n} requests in 10 s");
+    assert_eq!(state_of(&manager, &bookinfo), "Available");
+}
