@@ -16,7 +16,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use hickory_resolver::config::ResolverConfig;
+use hickory_resolver::config::{ResolveHosts, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::Resolver;
 use tokio::io::AsyncReadExt;
@@ -98,8 +98,9 @@ async fn resolver(settings: &NameResolution) -> Result<Resolver<TokioRuntimeProv
     if bytes.len() as u64 > MAX_RESOLV_CONF_BYTES {
         return Err(config_err(format!("over {MAX_RESOLV_CONF_BYTES} bytes")));
     }
-    let (config, options) =
+    let (config, mut options) =
         hickory_resolver::system_conf::parse_resolv_conf(&bytes).map_err(|e| config_err(e.to_string()))?;
+    options.use_hosts_file = ResolveHosts::Always;
     let mut name_servers = config.name_servers().to_vec();
     for server in &mut name_servers {
         for connection in &mut server.connections {
