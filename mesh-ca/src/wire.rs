@@ -1,5 +1,5 @@
-//! The protobuf messages of istiod's CA service, `istio.v1.auth.IstioCertificateService` (Istio's
-//! `security/proto/providers/...`/`istioca.proto`), written by hand with prost derives.
+//! The protobuf messages of istiod's CA service, `istio.v1.auth.IstioCertificateService`
+//! (`istio.io/api` `security/v1alpha1/ca.proto`), written by hand with prost derives.
 //!
 //! Guarantees: field numbers follow the published definition (`IstioCertificateRequest{csr=1,
 //! validity_duration=3, metadata=4}`, `IstioCertificateResponse{cert_chain=1}`), pinned byte for byte by the unit
