@@ -4,7 +4,9 @@
 //! * each request carries a fresh P-256 key's CSR ([`crate::csr`]), `validity_duration` = the configured TTL
 //!   (`SECRET_TTL`, default 24 h) in seconds, and `metadata = {"ImpersonatedIdentity": "spiffe://…"}`, with the
 //!   channel's headers (bearer token re-read per call, `clusterid`, `CA_HEADER_*`);
-//! * calls share one HTTP/2 connection, made on first use and again after a connection failure;
+//! * calls share one HTTP/2 connection, made on first use and again after a connection failure; a call that finds
+//!   the shared connection closed is made on a new one (checked before the call, and the call is made again once
+//!   if a reused connection fails with an HTTP/2 error);
 //! * the response is bounded (one gRPC message of at most [`MAX_RESPONSE_BYTES`], a second message is refused,
 //!   the number of chain elements is counted before prost decodes) and verified ([`crate::chain`]) before a
 //!   [`WorkloadCertificate`] is built; a call that takes longer than the call timeout fails;
@@ -214,25 +216,44 @@ impl CaClient {
         }
     }
 
-    async fn connection(&self) -> Result<Arc<Connection>, FetchError> {
+    /// Whether a connection to istiod is held and open (for diagnostics and tests).
+    pub async fn connection_is_open(&self) -> bool {
+        self.connection.lock().await.as_ref().is_some_and(|c| !c.is_closed())
+    }
+
+    /// The shared connection (replaced if it has closed), and whether it was made for this call.
+    async fn connection(&self) -> Result<(Arc<Connection>, bool), FetchError> {
         let mut held = self.connection.lock().await;
-        if let Some(connection) = held.as_ref() {
-            return Ok(connection.clone());
+        if let Some(connection) = held.as_ref().filter(|c| !c.is_closed()) {
+            return Ok((connection.clone(), false));
         }
         let connection = Arc::new(self.channel.connect().await.map_err(FetchError::Connection)?);
         *held = Some(connection.clone());
-        Ok(connection)
+        Ok((connection, true))
     }
 
+    async fn forget_connection(&self, connection: &Arc<Connection>) {
+        let mut held = self.connection.lock().await;
+        if held.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
+            *held = None;
+        }
+    }
+
+    /// One call; a reused connection that turns out closed (istiod's connection age limit, a restart) is replaced
+    /// and the call made again once, so an idle period does not cost a failed attempt and a backoff.
     async fn call(&self, request: IstioCertificateRequest) -> Result<IstioCertificateResponse, FetchError> {
-        let connection = self.connection().await?;
+        let (connection, fresh) = self.connection().await?;
         let result = unary(&connection, &request, &self.settings.limits).await;
-        if let Err(FetchError::Connection(e)) = &result {
-            tracing::debug!(error = %e, "CA connection failed; the next call reconnects");
-            let mut held = self.connection.lock().await;
-            if held.as_ref().is_some_and(|c| Arc::ptr_eq(c, &connection)) {
-                *held = None;
-            }
+        let Err(FetchError::Connection(e)) = &result else { return result };
+        tracing::debug!(error = %e, "CA connection failed; the next call reconnects");
+        self.forget_connection(&connection).await;
+        if fresh || !matches!(e, ChannelError::Http2(_)) {
+            return result;
+        }
+        let (connection, _) = self.connection().await?;
+        let result = unary(&connection, &request, &self.settings.limits).await;
+        if let Err(FetchError::Connection(_)) = &result {
+            self.forget_connection(&connection).await;
         }
         result
     }

@@ -385,22 +385,31 @@ impl FakeCa {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let ca = self.clone();
+        let (kick, kicked) = watch::channel(0u64);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 let Ok((tcp, _)) = listener.accept().await else { continue };
-                let (acceptor, ca) = (acceptor.clone(), ca.clone());
+                let (acceptor, ca, mut kicked) = (acceptor.clone(), ca.clone(), kicked.clone());
+                kicked.mark_unchanged();
                 connections.spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else { return };
                     let Ok(mut conn) = h2::server::handshake(tls).await else { return };
                     let mut calls = tokio::task::JoinSet::new();
-                    while let Some(Ok((request, respond))) = conn.accept().await {
-                        calls.spawn(serve_call(ca.clone(), request, respond));
+                    loop {
+                        tokio::select! {
+                            accepted = conn.accept() => {
+                                let Some(Ok((request, respond))) = accepted else { return };
+                                calls.spawn(serve_call(ca.clone(), request, respond));
+                            }
+                            // Dropping the connection closes the TCP socket without a GOAWAY.
+                            _ = kicked.changed() => return,
+                        }
                     }
                 });
             }
         });
-        FakeCaServer { addr, tls_root_pem: tls_ca_cert.pem(), task }
+        FakeCaServer { addr, tls_root_pem: tls_ca_cert.pem(), task, kick }
     }
 }
 
@@ -528,6 +537,7 @@ pub struct FakeCaServer {
     addr: SocketAddr,
     tls_root_pem: String,
     task: tokio::task::JoinHandle<()>,
+    kick: watch::Sender<u64>,
 }
 
 impl Drop for FakeCaServer {
@@ -540,6 +550,11 @@ impl FakeCaServer {
     /// `127.0.0.1:port`.
     pub fn address(&self) -> String {
         self.addr.to_string()
+    }
+
+    /// Closes every open connection abruptly (a restarted istiod, a connection age limit); new ones are accepted.
+    pub fn close_connections(&self) {
+        self.kick.send_modify(|n| *n += 1);
     }
 
     /// The root of the server's TLS certificate (for [`SERVER_NAME`]).

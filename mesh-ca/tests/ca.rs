@@ -124,6 +124,24 @@ async fn impersonation_over_tls_gives_a_verified_certificate_for_the_identity() 
 }
 
 #[tokio::test]
+async fn a_closed_connection_is_replaced_without_failing_the_call() {
+    let ca = ca(Clock::System);
+    let server = ca.serve().await;
+    let client = client(&server, TOKEN);
+    let bookinfo = id("default", "bookinfo");
+    client.fetch(&bookinfo).await.unwrap();
+    server.close_connections();
+    // Wait (bounded) until the client's connection has seen the close, so the next call finds it dead.
+    let deadline = tokio::time::Instant::now() + testing::WAIT;
+    while client.connection_is_open().await && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(!client.connection_is_open().await, "the close was not noticed");
+    client.fetch(&bookinfo).await.expect("the call is made again on a new connection");
+    assert_eq!(ca.requests().len(), 2);
+}
+
+#[tokio::test]
 async fn an_unknown_token_and_an_untrusted_caller_are_refused_with_istiods_words() {
     let ca = ca(Clock::System);
     ca.add_caller(

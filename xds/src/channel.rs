@@ -451,6 +451,12 @@ impl Drop for Connection {
 }
 
 impl Connection {
+    /// True once the HTTP/2 connection has ended (closed by the server, a failed ping, an I/O error): calls on it
+    /// fail, make a new one.
+    pub fn is_closed(&self) -> bool {
+        self.driver.is_finished()
+    }
+
     /// Starts a bidirectional streaming call on `path` (e.g. `/pkg.Service/Method`). Does not wait for the
     /// response headers: a grpc-go server (istiod) sends them only with its first message, which it sends only
     /// after the client's first request. The headers (or a trailers-only refusal) are read by the first
