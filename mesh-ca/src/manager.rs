@@ -144,12 +144,26 @@ impl Drop for Entry {
     }
 }
 
-struct Inner {
+/// What the workers share. They hold this, not [`Inner`], so dropping the manager drops the entries, whose
+/// `Drop` aborts the workers.
+struct Shared {
     signer: Arc<dyn Signer>,
     config: ManagerConfig,
     permits: Arc<Permits>,
     random: SystemRandom,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
     entries: Mutex<HashMap<Identity, Entry>>,
+}
+
+impl std::ops::Deref for Inner {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 /// One identity's line in a config dump.
@@ -204,10 +218,7 @@ impl CertificateManager {
         let permits = Permits::new(config.max_in_flight);
         CertificateManager {
             inner: Arc::new(Inner {
-                signer,
-                config,
-                permits,
-                random: SystemRandom::new(),
+                shared: Arc::new(Shared { signer, config, permits, random: SystemRandom::new() }),
                 entries: Mutex::new(HashMap::new()),
             }),
         }
@@ -242,7 +253,7 @@ impl CertificateManager {
         entries.entry(identity.clone()).or_insert_with(|| {
             let (tx, rx) = watch::channel(Slot::default());
             let urgent = Arc::new(watch::channel(false).0);
-            let worker = tokio::spawn(run_worker(self.inner.clone(), identity.clone(), tx, urgent.clone()));
+            let worker = tokio::spawn(run_worker(self.inner.shared.clone(), identity.clone(), tx, urgent.clone()));
             Entry { registrations: 0, slot: rx, urgent, worker }
         })
     }
@@ -319,7 +330,7 @@ async fn acquire(permits: &Arc<Permits>, priority: Priority, urgent: &watch::Sen
 }
 
 async fn run_worker(
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
     identity: Identity,
     slot: watch::Sender<Slot>,
     urgent: Arc<watch::Sender<bool>>,

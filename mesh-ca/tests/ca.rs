@@ -572,3 +572,21 @@ async fn a_certificate_issued_past_its_half_life_is_not_refreshed_in_a_loop() {
     assert!((3..=6).contains(&n), "{n} requests in 10 s");
     assert_eq!(state_of(&manager, &bookinfo), "Available");
 }
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_manager_stops_its_workers() {
+    let clock = Clock::tokio();
+    let ca = ca(clock);
+    let ttl = Duration::from_secs(600);
+    let manager = manager(ca.signer(TOKEN, RequestSettings { ttl, ..settings(clock) }), clock);
+    let bookinfo = id("default", "bookinfo");
+    manager.register(&bookinfo);
+    let first = manager.certificate(&bookinfo).await.unwrap();
+    let clone = manager.clone();
+    drop(manager);
+    tokio::time::sleep(clock.until(first.refresh_at()) + Duration::from_secs(1)).await;
+    assert_eq!(ca.requests().len(), 2, "a clone keeps the workers running (one refresh)");
+    drop(clone);
+    tokio::time::sleep(ttl * 4).await;
+    assert_eq!(ca.requests().len(), 2, "no refresh once the last clone is gone");
+}
