@@ -6,9 +6,11 @@ package main
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -42,19 +44,26 @@ var (
 
 type ca struct {
 	pb.UnimplementedIstioCertificateServiceServer
-	key  *ecdsa.PrivateKey
+	key  crypto.Signer
 	cert *x509.Certificate
 	pem  string
 }
 
-func newCA(cn string) *ca {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+// newCA makes a self-signed CA; istiod's own self-signed root is RSA 2048 (its default), so the mesh CA is RSA
+// and the TLS one ECDSA.
+func newCA(cn string, rsaKey bool) *ca {
+	var key crypto.Signer
+	if rsaKey {
+		key, _ = rsa.GenerateKey(rand.Reader, 2048)
+	} else {
+		key, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn, Organization: []string{"cluster.local"}},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -109,8 +118,8 @@ func (c *ca) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequ
 	leaf := &x509.Certificate{
 		SerialNumber: big.NewInt(now.UnixNano()), NotBefore: now.Add(-2 * time.Minute),
 		NotAfter: now.Add(time.Duration(req.GetValidityDuration()) * time.Second), URIs: []*url.URL{uri},
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, leaf, c.cert, csr.PublicKey, c.key)
@@ -128,7 +137,7 @@ func (c *ca) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequ
 
 func main() {
 	flag.Parse()
-	tlsCA := newCA("interop TLS root")
+	tlsCA := newCA("interop TLS root", false)
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2), DNSNames: []string{serverName},
@@ -148,7 +157,7 @@ func main() {
 		log.Fatal(err)
 	}
 	server := grpc.NewServer(grpc.Creds(creds))
-	pb.RegisterIstioCertificateServiceServer(server, newCA("interop mesh root"))
+	pb.RegisterIstioCertificateServiceServer(server, newCA("interop mesh root", true))
 	go server.Serve(lis)
 	fmt.Println(lis.Addr().String())
 	select {
