@@ -145,6 +145,17 @@ async fn literal_addresses_bypass_resolution() {
 }
 
 #[tokio::test]
+async fn a_non_ascii_name_is_refused_without_a_query() {
+    let dns = TinyDns::start(vec![(ISTIOD_FQDN, Ipv4Addr::LOCALHOST)]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = dns.settings(dir.path(), KUBERNETES_RESOLV_CONF);
+    // The IDNA backend is the ASCII-only one (xds/Cargo.toml): istiod's names are ASCII.
+    let err = resolve("istiöd.istio-system.svc", 15012, &settings).await.unwrap_err();
+    assert!(matches!(&err, ResolveError::Lookup { host, .. } if host == "istiöd.istio-system.svc"), "{err}");
+    assert!(dns.a_questions().is_empty());
+}
+
+#[tokio::test]
 async fn the_channel_reaches_istiod_by_its_service_name() {
     let fake = FakeIstiod::start(None).await;
     let dns = TinyDns::start(vec![(ISTIOD_FQDN, Ipv4Addr::LOCALHOST)]).await;
