@@ -332,7 +332,7 @@ impl<H: Handler> AdsClient<H> {
 
     /// One stream, from connect to its end.
     pub async fn run_stream(&mut self) -> StreamEnd {
-        let mut connection = match self.channel.connect().await {
+        let connection = match self.channel.connect().await {
             Ok(c) => c,
             Err(e) => return StreamEnd::Connect(e),
         };

@@ -2,6 +2,8 @@
 //! calls on it, streaming or unary, carrying istiod's authentication headers.
 //!
 //! Guarantees:
+//! * the address's host is resolved at every connect as [`crate::resolve`] describes (resolv.conf, no NSS; a
+//!   literal IP is used as is), and each resolved address is tried in turn;
 //! * each [`Channel::connect`] re-reads the root certificates, so a rotated root is picked up on reconnect;
 //! * the server certificate must chain to those roots and name the address's host, or the configured alternate
 //!   hostname; no client certificate is sent;
@@ -28,6 +30,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use crate::grpc::{self, Code, FrameDecoder, FrameError, GrpcStatus};
+use crate::resolve::{resolve, NameResolution, ResolveError};
 
 /// Largest response header list accepted from the server.
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
@@ -82,6 +85,8 @@ pub struct ChannelConfig {
     pub ping_interval: Duration,
     /// How long a ping may go unanswered before the connection is dropped.
     pub ping_timeout: Duration,
+    /// How the address's host name is resolved (resolv.conf; a literal IP bypasses it).
+    pub resolution: NameResolution,
 }
 
 impl ChannelConfig {
@@ -98,6 +103,7 @@ impl ChannelConfig {
             connect_timeout: Duration::from_secs(5),
             ping_interval: Duration::from_secs(30),
             ping_timeout: Duration::from_secs(10),
+            resolution: NameResolution::default(),
         }
     }
 }
@@ -115,6 +121,14 @@ pub enum ChannelError {
         what: &'static str,
         /// Why.
         source: std::io::Error,
+    },
+    /// The host name did not resolve.
+    #[error("connecting to {address}: {source}")]
+    Resolve {
+        /// The address.
+        address: String,
+        /// Why.
+        source: ResolveError,
     },
     /// TCP connect or TLS handshake failed.
     #[error("connecting to {address}: {source}")]
@@ -154,6 +168,7 @@ impl ChannelError {
             self,
             ChannelError::Config(_)
                 | ChannelError::Read { .. }
+                | ChannelError::Resolve { .. }
                 | ChannelError::Connect { .. }
                 | ChannelError::ConnectTimeout(_)
                 | ChannelError::HttpStatus(_)
@@ -217,7 +232,28 @@ impl Channel {
 
     async fn connect_inner(&self, tls: Arc<rustls::ClientConfig>) -> Result<Connection, ChannelError> {
         let connect_err = |source| ChannelError::Connect { address: self.authority.clone(), source };
-        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await.map_err(connect_err)?;
+        let addresses = resolve(&self.host, self.port, &self.config.resolution)
+            .await
+            .map_err(|source| ChannelError::Resolve { address: self.authority.clone(), source })?;
+        let mut last_error = None;
+        let mut connected = None;
+        for address in addresses {
+            match TcpStream::connect(address).await {
+                Ok(tcp) => {
+                    connected = Some(tcp);
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(%address, error = %e, "control plane address refused the connection");
+                    last_error = Some(e);
+                }
+            }
+        }
+        let tcp = match (connected, last_error) {
+            (Some(tcp), _) => tcp,
+            (None, Some(e)) => return Err(connect_err(e)),
+            (None, None) => return Err(connect_err(std::io::Error::other("no address"))),
+        };
         tcp.set_nodelay(true).map_err(connect_err)?;
         // ztunnel's keepalive: 300 s idle, 75 s between probes, 9 probes.
         let keepalive = socket2::TcpKeepalive::new()
@@ -400,7 +436,8 @@ impl ServerCertVerifier for AltNameVerifier {
     }
 }
 
-/// One HTTP/2 connection to istiod; calls on it are independent streams. Dropping it closes the connection.
+/// One HTTP/2 connection to istiod; calls on it are independent streams, and may run concurrently (share it behind
+/// an `Arc`). Dropping it closes the connection.
 pub struct Connection {
     send: SendRequest<Bytes>,
     driver: JoinHandle<()>,
@@ -414,11 +451,17 @@ impl Drop for Connection {
 }
 
 impl Connection {
+    /// True once the HTTP/2 connection has ended (closed by the server, a failed ping, an I/O error): calls on it
+    /// fail, make a new one.
+    pub fn is_closed(&self) -> bool {
+        self.driver.is_finished()
+    }
+
     /// Starts a bidirectional streaming call on `path` (e.g. `/pkg.Service/Method`). Does not wait for the
     /// response headers: a grpc-go server (istiod) sends them only with its first message, which it sends only
     /// after the client's first request. The headers (or a trailers-only refusal) are read by the first
     /// [`ResponseStream::message`].
-    pub async fn streaming(&mut self, path: &str) -> Result<(RequestSink, ResponseStream), ChannelError> {
+    pub async fn streaming(&self, path: &str) -> Result<(RequestSink, ResponseStream), ChannelError> {
         let request = self.channel.request(path).await?;
         let mut send = self.send.clone().ready().await?;
         let (response, body) = send.send_request(request, false)?;
@@ -428,7 +471,7 @@ impl Connection {
 
     /// A unary call: sends `request`, returns the one response message.
     pub async fn unary<Req: prost::Message, Resp: prost::Message + Default>(
-        &mut self,
+        &self,
         path: &str,
         request: &Req,
     ) -> Result<Resp, ChannelError> {

@@ -4,6 +4,7 @@
 //! * [`wire`]: the protobuf messages (hand-written prost derives, byte-pinned) and the bounded, validating
 //!   decoder of one resource;
 //! * [`grpc`]: gRPC message framing and status codes, no I/O;
+//! * [`resolve`]: istiod's host name resolved as resolv.conf says (the static image has no NSS);
 //! * [`channel`]: TLS + HTTP/2 to istiod with its authentication headers, shared with the CA client;
 //! * [`ads`]: the Delta ADS stream: subscriptions, ACK/NACK, held versions, reconnect and backoff, readiness;
 //! * [`settings`]: ztunnel's environment variables resolved into a channel configuration and a node;
@@ -22,6 +23,8 @@ pub mod ads;
 #[cfg(feature = "runtime")]
 pub mod channel;
 pub mod grpc;
+#[cfg(feature = "runtime")]
+pub mod resolve;
 #[cfg(feature = "runtime")]
 pub mod settings;
 #[cfg(feature = "testing")]

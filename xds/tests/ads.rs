@@ -488,7 +488,7 @@ async fn a_stream_ended_ok_is_followed_by_a_new_one_echoing_what_is_held() {
 async fn a_unary_call_reports_a_trailers_only_refusal() {
     let fake = FakeIstiod::start(None).await;
     let channel = Channel::new(channel_config(&fake, Token::None)).unwrap();
-    let mut connection = channel.connect().await.unwrap();
+    let connection = channel.connect().await.unwrap();
     let request = xds::wire::Status { code: 1, ..Default::default() };
     let result = connection
         .unary::<_, xds::wire::Status>("/istio.v1.auth.IstioCertificateService/CreateCertificate", &request)
