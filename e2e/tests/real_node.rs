@@ -860,7 +860,7 @@ impl xds::ads::Handler for Keep {
 /// (HBONE, on this node, with their IPs), and an `AuthorizationPolicy` written with kubectl reaches it within seconds
 /// as it goes from ALLOW to DENY, back to ALLOW, and away.
 #[test]
-fn a_real_istiod_sends_our_xds_client_the_enrolled_workloads_and_each_policy_change() {
+fn a_real_istiod_gives_our_clients_the_enrolled_workloads_each_policy_change_and_their_certificates() {
     let Some((_guard, node)) = node() else { return };
     let Some(istiod) = testbed::real_istiod::RealIstiod::start(&node) else { return };
     let ns = "real-istiod";
@@ -935,5 +935,29 @@ fn a_real_istiod_sends_our_xds_client_the_enrolled_workloads_and_each_policy_cha
     );
     let _ = stop.send(());
     let _ = runtime.block_on(task);
+
+    // istiod's CA, as our proxy will use it: the proxy's pod asks for its pods' identity (impersonation), and for
+    // an identity with no pod on this node it is refused with istiod's own message.
+    let proxy_pod = node.proxy_pod();
+    let token = istiod.pod_token(&node, testbed::chart::PROXY_SERVICE_ACCOUNT, &proxy_pod);
+    let ca_vars: std::collections::BTreeMap<String, String> = [
+        ("CA_ADDRESS", istiod.address()),
+        ("CA_ROOT_CA", istiod.root_cert().display().to_string()),
+        ("AUTH_TOKEN", token.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let ca =
+        mesh_ca::client::CaClient::from_env(&ca_vars, std::path::Path::exists).expect("CA settings").expect("a CA");
+    let local: hbone::identity::Identity = format!("spiffe://cluster.local/ns/{ns}/sa/default").parse().unwrap();
+    let cert = runtime
+        .block_on(ca.fetch(&local))
+        .unwrap_or_else(|e| panic!("istiod refused {local} for {proxy_pod}: {e}\n{}", istiod.log()));
+    assert_eq!(cert.identity(), &local);
+    assert!(!cert.roots().is_empty(), "no trust roots in istiod's chain");
+    let elsewhere: hbone::identity::Identity = "spiffe://cluster.local/ns/nowhere/sa/nobody".parse().unwrap();
+    let refused = runtime.block_on(ca.fetch(&elsewhere)).map(|c| c.identity().to_string()).unwrap_err().to_string();
+    assert!(refused.contains("request impersonation authentication failure"), "{refused}");
     node.delete_namespace(ns);
 }

@@ -4,8 +4,9 @@
 //!
 //! Guarantees: [`RealIstiod::start`] returns once istiod has synced its caches and written the mesh root
 //! certificate (ConfigMap `istio-ca-root-cert`), with ambient on (`PILOT_ENABLE_AMBIENT=true`), Istio's CRDs applied
-//! (so `AuthorizationPolicy` objects reach it), its own self-signed CA, `istio-system/ztunnel` as the trusted node
-//! account, and a token of that service account (audience `istio-ca`) for the client. istiod serves xDS and its CA
+//! (so `AuthorizationPolicy` objects reach it), its own self-signed CA, `istio-system/ztunnel` (Istio's chart's) and
+//! `istio-system/hbone-proxy` (ours) as the trusted node accounts, and a token of `ztunnel` (audience `istio-ca`)
+//! for the xDS client; [`RealIstiod::pod_token`] mints the pod-bound token istiod's impersonation check needs. istiod serves xDS and its CA
 //! on 127.0.0.1:[`SECURE_GRPC_PORT`] with a serving certificate valid for `localhost`. It is killed on drop.
 
 use std::path::{Path, PathBuf};
@@ -61,7 +62,13 @@ impl RealIstiod {
             .args(["--grpcAddr=127.0.0.1:15010", "--httpAddr=127.0.0.1:15080", "--monitoringAddr=127.0.0.1:15014"])
             .env("POD_NAMESPACE", RELEASE_NAMESPACE)
             .env("PILOT_ENABLE_AMBIENT", "true")
-            .env("CA_TRUSTED_NODE_ACCOUNTS", format!("{RELEASE_NAMESPACE}/{NODE_PROXY_ACCOUNT}"))
+            .env(
+                "CA_TRUSTED_NODE_ACCOUNTS",
+                format!(
+                    "{RELEASE_NAMESPACE}/{NODE_PROXY_ACCOUNT},{RELEASE_NAMESPACE}/{}",
+                    crate::chart::PROXY_SERVICE_ACCOUNT
+                ),
+            )
             .env("ISTIOD_CUSTOM_HOST", "localhost")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
@@ -76,7 +83,15 @@ impl RealIstiod {
         })
         .unwrap_or_else(|| panic!("istiod not ready within {START_LIMIT:?}:\n{}", istiod.log()));
         let root = within_every(started, START_LIMIT, POLL, || {
-            let args = ["get", "configmap", "istio-ca-root-cert", "-n", RELEASE_NAMESPACE, "-o", "jsonpath={.data.root-cert\\.pem}"];
+            let args = [
+                "get",
+                "configmap",
+                "istio-ca-root-cert",
+                "-n",
+                RELEASE_NAMESPACE,
+                "-o",
+                "jsonpath={.data.root-cert\\.pem}",
+            ];
             let out = node.run("kubectl", &args);
             let pem = String::from_utf8_lossy(&out.stdout).into_owned();
             pem.contains("BEGIN CERTIFICATE").then_some(pem)
@@ -104,6 +119,27 @@ impl RealIstiod {
     /// A token of `istio-system/ztunnel` with audience `istio-ca`.
     pub fn token(&self) -> PathBuf {
         self.dir.path().join("istio-token")
+    }
+
+    /// A token of service account `account` bound to pod `pod` of the release namespace (audience `istio-ca`), as
+    /// the kubelet projects it into a node proxy's pod: istiod's impersonation check needs the caller's pod.
+    pub fn pod_token(&self, node: &RealNode, account: &str, pod: &str) -> PathBuf {
+        let uid = node.kubectl(&["get", "pod", pod, "-n", RELEASE_NAMESPACE, "-o", "jsonpath={.metadata.uid}"]);
+        let token = node.kubectl(&[
+            "create",
+            "token",
+            account,
+            "-n",
+            RELEASE_NAMESPACE,
+            "--audience=istio-ca",
+            "--duration=1h",
+            "--bound-object-kind=Pod",
+            &format!("--bound-object-name={pod}"),
+            &format!("--bound-object-uid={}", uid.trim()),
+        ]);
+        let path = self.dir.path().join(format!("{account}-{pod}-token"));
+        std::fs::write(&path, token.trim()).expect("write the pod's token");
+        path
     }
 
     /// Everything istiod logged so far.
