@@ -21,6 +21,8 @@ pub mod kube_source;
 #[cfg(feature = "runtime")]
 pub mod local_file;
 mod workload;
+#[cfg(feature = "runtime")]
+pub mod xds_source;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;

@@ -1,0 +1,177 @@
+//! The directory source for istiod (issue #32): the workloads istiod sends over Delta ADS (crate `xds`), applied to
+//! the [`Directory`] as they arrive. Not wired into the proxy's start-up yet; the real-istiod test drives the `xds`
+//! client, and this module's tests drive this source with the messages istiod sends.
+//!
+//! Guarantees:
+//! - A workload becomes one directory entry under [`SOURCE`], keyed by its uid (the resource's name, which `xds`
+//!   has already checked equals the uid). istiod's empty fields read as Istio reads them: an empty trust domain is
+//!   the proxy's own (the directory fills it in), an empty service account `default`.
+//! - HBONE is taken from `tunnel_protocol` (istiod sets it for pods the node agent annotated) or from
+//!   `native_tunnel`; anything else is plain TCP.
+//! - A removal drops the entry of that name; a name that is not a workload here (a service key, a policy) changes
+//!   nothing.
+//! - Services and policies are accepted and counted, not applied: the proxy enforces no istiod policy yet, and a
+//!   workload that istiod describes is never refused for a policy this source cannot apply.
+//! - A workload the directory refuses (an address another source owns, say) is NACKed by name with the
+//!   directory's reason; the others in the same response still apply.
+
+use std::net::IpAddr;
+
+use xds::ads::{Handler, Upsert};
+use xds::wire::resource::DecodedResource;
+use xds::wire::workload::{address, TunnelProtocol};
+use xds::wire::ResourceType;
+
+use super::{Directory, Protocol, Workload};
+
+/// The name this source's entries are kept under in the [`Directory`].
+pub const SOURCE: &str = "istiod";
+
+/// What istiod has sent that this source does not apply (yet), for the config dump.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Unapplied {
+    /// Services held by istiod's view.
+    pub services: usize,
+    /// Authorization policies held by istiod's view.
+    pub policies: usize,
+}
+
+/// The [`Handler`] that applies istiod's workloads to a [`Directory`].
+#[derive(Debug)]
+pub struct XdsSource {
+    directory: Directory,
+    services: std::collections::HashSet<String>,
+    policies: std::collections::HashSet<String>,
+}
+
+impl XdsSource {
+    /// A source that applies to `directory`.
+    pub fn new(directory: Directory) -> Self {
+        Self { directory, services: Default::default(), policies: Default::default() }
+    }
+
+    /// The services and policies held but not applied.
+    pub fn unapplied(&self) -> Unapplied {
+        Unapplied { services: self.services.len(), policies: self.policies.len() }
+    }
+}
+
+/// istiod's workload as a directory entry.
+pub fn workload(w: &xds::wire::workload::Workload) -> Workload {
+    let hbone = w.tunnel_protocol == TunnelProtocol::Hbone as i32 || w.native_tunnel;
+    let ips = w
+        .addresses
+        .iter()
+        .filter_map(|a| match a.len() {
+            4 => <[u8; 4]>::try_from(a.as_slice()).ok().map(IpAddr::from),
+            16 => <[u8; 16]>::try_from(a.as_slice()).ok().map(IpAddr::from),
+            _ => None,
+        })
+        .collect();
+    Workload {
+        uid: w.uid.clone(),
+        name: w.name.clone(),
+        namespace: w.namespace.clone(),
+        service_account: if w.service_account.is_empty() { "default".into() } else { w.service_account.clone() },
+        trust_domain: w.trust_domain.clone(),
+        workload_ips: ips,
+        protocol: if hbone { Protocol::Hbone } else { Protocol::Tcp },
+        node: w.node.clone(),
+        workload_name: w.workload_name.clone(),
+        canonical_name: w.canonical_name.clone(),
+        canonical_revision: w.canonical_revision.clone(),
+        cluster_id: w.cluster_id.clone(),
+        require_mtls: false,
+    }
+}
+
+impl Handler for XdsSource {
+    fn apply(&mut self, _ty: ResourceType, upserts: Vec<Upsert>, removals: Vec<String>) -> Vec<(String, String)> {
+        for name in removals {
+            if !self.directory.remove(SOURCE, &name) {
+                self.services.remove(&name);
+                self.policies.remove(&name);
+            }
+        }
+        let mut refused = Vec::new();
+        for upsert in upserts {
+            match upsert.resource {
+                DecodedResource::Address(a) => match a.r#type {
+                    Some(address::Type::Workload(w)) => {
+                        if let Err(e) = self.directory.upsert(SOURCE, workload(&w)) {
+                            refused.push((upsert.name, e.to_string()));
+                        }
+                    }
+                    Some(address::Type::Service(_)) => {
+                        self.services.insert(upsert.name);
+                    }
+                    None => {}
+                },
+                DecodedResource::Authorization(_) => {
+                    self.policies.insert(upsert.name);
+                }
+            }
+        }
+        refused
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xds::wire::workload::{Address, Service, Workload as XdsWorkload};
+
+    fn pod(uid: &str, ip: [u8; 4], tunnel: TunnelProtocol) -> Upsert {
+        let w = XdsWorkload {
+            uid: uid.into(),
+            name: "web".into(),
+            namespace: "shop".into(),
+            addresses: vec![ip.to_vec()],
+            tunnel_protocol: tunnel as i32,
+            node: "node-1".into(),
+            ..Default::default()
+        };
+        Upsert {
+            name: uid.into(),
+            version: "1".into(),
+            resource: DecodedResource::Address(Address { r#type: Some(address::Type::Workload(w)) }),
+        }
+    }
+
+    #[test]
+    fn istiods_workloads_become_directory_entries_and_leave_with_their_removal() {
+        let directory = Directory::new("cluster.local");
+        let mut source = XdsSource::new(directory.clone());
+        let service = Upsert {
+            name: "shop/web.shop.svc.cluster.local".into(),
+            version: "1".into(),
+            resource: DecodedResource::Address(Address {
+                r#type: Some(address::Type::Service(Service {
+                    name: "web".into(),
+                    namespace: "shop".into(),
+                    hostname: "web.shop.svc.cluster.local".into(),
+                    ..Default::default()
+                })),
+            }),
+        };
+        let upserts = vec![
+            pod("Kubernetes//Pod/shop/a", [10, 0, 0, 1], TunnelProtocol::Hbone),
+            pod("Kubernetes//Pod/shop/b", [10, 0, 0, 2], TunnelProtocol::None),
+            service,
+        ];
+        assert_eq!(source.apply(ResourceType::Address, upserts, Vec::new()), Vec::new());
+        let a = directory.lookup("10.0.0.1".parse().unwrap()).expect("a is in the directory");
+        assert_eq!(a.workload.protocol, Protocol::Hbone);
+        assert_eq!(a.workload.service_account, "default", "istiod's empty service account");
+        assert_eq!(a.workload.trust_domain, "cluster.local", "istiod's empty trust domain is the proxy's");
+        let b = directory.lookup("10.0.0.2".parse().unwrap()).expect("b is in the directory");
+        assert_eq!(b.workload.protocol, Protocol::Tcp, "not annotated: plain TCP");
+        assert_eq!(source.unapplied(), Unapplied { services: 1, policies: 0 });
+
+        let removals = vec!["Kubernetes//Pod/shop/a".to_string(), "shop/web.shop.svc.cluster.local".to_string()];
+        assert_eq!(source.apply(ResourceType::Address, Vec::new(), removals), Vec::new());
+        assert!(directory.lookup("10.0.0.1".parse().unwrap()).is_none(), "a was removed");
+        assert!(directory.lookup("10.0.0.2".parse().unwrap()).is_some(), "b stays");
+        assert_eq!(source.unapplied(), Unapplied::default());
+    }
+}
