@@ -12,6 +12,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::budget::Account;
 use crate::stream::{h2_to_io, H2Stream};
 
 /// Room made in the read buffer before a read from the plain stream, at first: what an idle or request/response
@@ -38,8 +39,15 @@ pub async fn bidirectional<T>(tunnel: &mut H2Stream, plain: &mut T) -> Copied
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut up =
-        Up { buf: BytesMut::new(), read_size: SMALL_READ, pending: Bytes::new(), eof: false, done: false, total: 0 };
+    let mut up = Up {
+        buf: BytesMut::new(),
+        read_size: SMALL_READ,
+        pending: Bytes::new(),
+        account: tunnel.account().cloned(),
+        eof: false,
+        done: false,
+        total: 0,
+    };
     let mut down = Down { pending: Bytes::new(), eof: false, done: false, total: 0 };
     let result = poll_fn(|cx| {
         let up_ready = up.poll(cx, tunnel, plain)?.is_ready();
@@ -62,6 +70,9 @@ struct Up {
     read_size: usize,
     /// Read but not yet handed to h2 (waiting for flow-control capacity).
     pending: Bytes,
+    /// The pod account charged with what was read, until it is written to the HBONE connection; `None` when the
+    /// tunnel is not budgeted.
+    account: Option<Account>,
     eof: bool,
     done: bool,
     total: u64,
@@ -82,7 +93,7 @@ impl Up {
                     Some(Ok(n)) => {
                         let n = n.min(self.pending.len());
                         if n > 0 {
-                            tunnel.send.send_data(self.pending.split_to(n), false).map_err(h2_to_io)?;
+                            tunnel.send_charged(self.pending.split_to(n), self.account.is_some())?;
                             self.total += n as u64;
                         }
                     }
@@ -102,17 +113,33 @@ impl Up {
                 self.done = true;
                 continue;
             }
+            // No read starts while the pod holds its share of the memory budget (or the node all of it): the app's
+            // socket fills and TCP holds the app back.
+            if let Some(account) = &self.account {
+                ready!(account.poll_room(cx));
+            }
             // Reuses the allocation once h2 has written out (dropped) the previous chunks, else allocates anew.
             self.buf.reserve(self.read_size);
             let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *plain), cx, &mut self.buf))?;
             if n == 0 {
                 self.eof = true;
             } else {
+                if let Some(account) = &self.account {
+                    account.charge(n);
+                }
                 if n >= self.read_size {
                     self.read_size = LARGE_READ;
                 }
                 self.pending = self.buf.split().freeze();
             }
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(account) = &self.account {
+            account.credit(self.pending.len());
         }
     }
 }
@@ -142,8 +169,9 @@ impl Down {
                 }
                 self.pending.advance(n);
                 self.total += n as u64;
-                // Reopen the flow-control window only for what reached the plain stream.
-                let _ = tunnel.recv.flow_control().release_capacity(n);
+                // Reopen the flow-control window (and give the bytes back to the budget) only for what reached the
+                // plain stream.
+                tunnel.release(n);
                 continue;
             }
             if self.eof {

@@ -8,6 +8,8 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "runtime")]
+pub mod budget;
+#[cfg(feature = "runtime")]
 pub mod ca;
 pub mod connect;
 #[cfg(feature = "runtime")]
@@ -30,6 +32,8 @@ pub mod stream;
 #[cfg(feature = "runtime")]
 pub mod tls;
 
+#[cfg(feature = "runtime")]
+pub use budget::{Account, MemoryBudget};
 #[cfg(feature = "runtime")]
 pub use ca::{CaError, MeshCa, WorkloadCert};
 #[cfg(feature = "runtime")]

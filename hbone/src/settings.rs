@@ -29,6 +29,7 @@ pub(crate) fn client() -> h2::client::Builder {
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME_SIZE)
         .max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .max_send_buffer_size(crate::budget::MAX_SEND_BUFFER)
         .enable_push(false);
     b
 }
@@ -41,6 +42,7 @@ pub(crate) fn server() -> h2::server::Builder {
         .max_frame_size(MAX_FRAME_SIZE)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .max_send_buffer_size(crate::budget::MAX_SEND_BUFFER)
         .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
         .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS));
     b
