@@ -127,7 +127,8 @@ pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut st
     let terminated = |reason| {
         pod.mesh.metrics.hbone_limits.terminated.get_or_create(&HboneLimitLabels { reason }).inc();
     };
-    match hbone::serve(accepted, Arc::new(ToApp { pod: pod.clone() }), options, stopped).await {
+    let memory = pod.pool.memory().cloned();
+    match hbone::serve_budgeted(accepted, Arc::new(ToApp { pod: pod.clone() }), options, memory, stopped).await {
         // Idle connections are closed in the normal course of things: counted, not logged.
         Ok(Ended::IdleTimeout) => terminated("idle_timeout"),
         Ok(Ended::ClientClosed | Ended::Drained) => {}

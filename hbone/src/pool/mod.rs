@@ -178,6 +178,12 @@ impl Pool {
         }
     }
 
+    /// The account the pool's tunnels are charged to in the memory budget (its `PoolConfig::memory`): the source
+    /// pod's, which its HBONE server charges too.
+    pub fn memory(&self) -> Option<&Account> {
+        self.inner.config.memory.as_ref()
+    }
+
     /// How many pooled connections can still take streams (for config dumps and tests).
     pub fn connection_count(&self) -> usize {
         self.conns().values().flatten().filter(|conn| conn.usable()).count()
