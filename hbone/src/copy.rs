@@ -116,7 +116,11 @@ impl Up {
             // No read starts while the pod holds its share of the memory budget (or the node all of it): the app's
             // socket fills and TCP holds the app back.
             if let Some(account) = &self.account {
-                ready!(account.poll_room(cx));
+                if account.poll_room(cx).is_pending() {
+                    // Nor does a waiting tunnel keep its read buffer: thousands of them may wait.
+                    self.buf = BytesMut::new();
+                    return Poll::Pending;
+                }
             }
             // Reuses the allocation once h2 has written out (dropped) the previous chunks, else allocates anew.
             self.buf.reserve(self.read_size);
