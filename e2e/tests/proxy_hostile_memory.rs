@@ -199,10 +199,11 @@ fn one_pod_pushing_into_many_non_reading_connections_is_held_to_its_share_and_me
     // Every connection closes: A gives up (resets), B's app closes what it held.
     stop.store(true, Ordering::Relaxed);
     for conn in pusher.join().expect("pusher") {
-        let _ = nix::sys::socket::setsockopt(&conn, nix::sys::socket::sockopt::Linger, &libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        });
+        let _ = nix::sys::socket::setsockopt(
+            &conn,
+            nix::sys::socket::sockopt::Linger,
+            &libc::linger { l_onoff: 1, l_linger: 0 },
+        );
         drop(conn);
     }
     for held in app.join().expect("B's app") {

@@ -158,10 +158,9 @@ mod tests {
         assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
         assert_eq!(config.hbone_server_idle_timeout, hbone::server::DEFAULT_IDLE_TIMEOUT);
         assert!(config.same_node_fast_path, "the same-node fast path is on by default");
-        let budget = memory::budget(&config);
+        let budget = memory::budget(config.buffer_budget_mib, config.buffer_budget_per_pod_mib);
         assert_eq!((budget.limit(), budget.share()), (64 << 20, 16 << 20));
-        let off = memory::budget(&parse(&["--buffer-budget-mib", "0"]).unwrap());
-        assert_eq!(off.limit(), 0, "0 turns the budget off");
+        assert_eq!(parse(&["--buffer-budget-mib", "0"]).unwrap().buffer_budget_mib, 0, "0 turns the budget off");
         assert!(parse(&["--buffer-budget-per-pod-mib", "0"]).is_err());
         assert!(!parse(&["--same-node-fast-path", "false"]).unwrap().same_node_fast_path);
         let caps = hbone::ConnectionCaps::default();

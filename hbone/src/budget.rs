@@ -104,7 +104,10 @@ impl MemoryBudget {
 
     /// A new pod's account.
     pub fn account(&self) -> Account {
-        Account { node: self.node.clone(), own: Arc::new(Own { held: AtomicUsize::new(0), waiters: Waiters::default() }) }
+        Account {
+            node: self.node.clone(),
+            own: Arc::new(Own { held: AtomicUsize::new(0), waiters: Waiters::default() }),
+        }
     }
 }
 
@@ -154,7 +157,8 @@ impl Account {
 
     /// Whether a read may start now, without waiting.
     pub(crate) fn has_room(&self) -> bool {
-        self.node.limit == 0 || (self.held() < self.node.share && self.node.held.load(Ordering::Relaxed) < self.node.limit)
+        self.node.limit == 0
+            || (self.held() < self.node.share && self.node.held.load(Ordering::Relaxed) < self.node.limit)
     }
 
     pub(crate) fn charge(&self, n: usize) {

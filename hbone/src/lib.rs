@@ -46,7 +46,9 @@ pub use limits::{ConnectionCaps, ConnectionLimiter, ConnectionPermit, OverCap};
 #[cfg(feature = "runtime")]
 pub use pool::{ConnectError, ConnectObserver, ConnectRequest, Dialer, Pool, PoolConfig};
 #[cfg(feature = "runtime")]
-pub use server::{refuse, serve, serve_budgeted, ConnectHandler, Ended, InboundRequest, ServeError, ServeOptions, Transfer};
+pub use server::{
+    refuse, serve, serve_budgeted, ConnectHandler, Ended, InboundRequest, ServeError, ServeOptions, Transfer,
+};
 #[cfg(feature = "runtime")]
 pub use stream::H2Stream;
 #[cfg(feature = "runtime")]
