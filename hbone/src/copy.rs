@@ -3,6 +3,10 @@
 //! was read into (`Bytes`), and the tunnel's DATA payloads are written to the plain stream as h2 hands them out.
 //! A generic copy through `AsyncRead`/`AsyncWrite` pays one extra `memcpy` per byte each way (into h2's send
 //! buffer, out of its receive buffer), which on a CPU-bound node is a measurable share of the proxy's time.
+//!
+//! A budgeted tunnel (see [`crate::budget`]) charges what it reads from the plain stream to its pod's account until
+//! it is written to the HBONE connection, starts no read while the account has no room, and keeps no read buffer
+//! while it waits; what it received is given back as it reaches the plain stream.
 
 use std::future::poll_fn;
 use std::io;

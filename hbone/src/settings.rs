@@ -2,6 +2,11 @@
 //! one client may make it hold.
 
 /// Per-stream receive window: 4 MiB.
+///
+/// Reviewed against the memory budget (#33): the windows bound what is in flight on one stream and one connection
+/// (throughput needs them across a real network), the budget ([`crate::budget`]) what a pod and the node hold.
+/// A pod's default share (16 MiB) is four stream windows, so one bulk transfer never waits on the budget; a
+/// connection that fills its pod's share stops being read, so its window is never all held by the proxy.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 /// Per-connection receive window: 16 MiB.
 pub const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
