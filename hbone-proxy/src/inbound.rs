@@ -173,7 +173,8 @@ pub async fn plaintext(pod: Arc<PodContext>, client: TcpStream, peer: SocketAddr
         metrics.opened(&labels);
         let (result, flag) = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
             Ok(mut app) => (
-                tokio::io::copy_bidirectional(&mut client, &mut app).await.map_err(|e| e.to_string()),
+                // Through the kernel (`splice(2)`): no user-space buffer, so nothing for the buffer budget to hold.
+                crate::splice::bidirectional(&mut client, &mut app).await.map_err(|(_, e)| e.to_string()),
                 telemetry::RESPONSE_FLAGS_NONE,
             ),
             Err(e) => (Err(format!("connecting to {dst}: {e}")), telemetry::RESPONSE_FLAG_CONNECTION_FAILURE),

@@ -14,13 +14,13 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::budget::Account;
 use crate::stream::{h2_to_io, H2Stream};
 
-/// Room made in the read buffer before a read from the plain stream, at first: what an idle or request/response
-/// connection holds.
+/// The most read from the plain stream at once, at first (on the stack, then copied): what an idle or
+/// request/response connection needs.
 const SMALL_READ: usize = 16 * 1024;
 /// Room made once a read filled the buffer (a bulk transfer): the most one DATA frame carries from it. Large reads
 /// mean fewer syscalls, fewer HTTP/2 frames and full TLS records (16 KiB each) for all but the last of a frame.
@@ -68,7 +68,7 @@ where
 
 /// Plain stream → tunnel.
 struct Up {
-    /// Where reads land; each read's bytes are split off and frozen, so h2 holds them without a copy.
+    /// Where bulk reads land; each read's bytes are split off and frozen, so h2 holds them without a copy.
     buf: BytesMut,
     /// Room made before each read: [`SMALL_READ`], or [`LARGE_READ`] once a read filled it.
     read_size: usize,
@@ -126,9 +126,21 @@ impl Up {
                     return Poll::Pending;
                 }
             }
-            // Reuses the allocation once h2 has written out (dropped) the previous chunks, else allocates anew.
-            self.buf.reserve(self.read_size);
-            let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *plain), cx, &mut self.buf))?;
+            let n = if self.read_size == SMALL_READ {
+                // Until the stream proves bulk, reads land on the stack and only what was read is copied out: an idle
+                // or request/response tunnel holds no read buffer while it waits (thousands may wait).
+                let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); SMALL_READ];
+                let mut read = ReadBuf::uninit(&mut stack);
+                ready!(Pin::new(&mut *plain).poll_read(cx, &mut read))?;
+                self.pending = Bytes::copy_from_slice(read.filled());
+                read.filled().len()
+            } else {
+                // Reuses the allocation once h2 has written out (dropped) the previous chunks, else allocates anew.
+                self.buf.reserve(self.read_size);
+                let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *plain), cx, &mut self.buf))?;
+                self.pending = self.buf.split().freeze();
+                n
+            };
             if n == 0 {
                 self.eof = true;
             } else {
@@ -138,7 +150,6 @@ impl Up {
                 if n >= self.read_size {
                     self.read_size = LARGE_READ;
                 }
-                self.pending = self.buf.split().freeze();
             }
         }
     }
