@@ -24,7 +24,8 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Received bytes an HBONE connection may charge on estimate (every byte read, frame headers included) before it
-/// counts exactly what its streams hold (h2's unreleased receive capacity).
+/// counts exactly what its streams hold (h2's unreleased receive capacity); it also counts whenever its socket has
+/// nothing more to read, and when a stream ends.
 const RESYNC_EVERY: usize = 1 << 20;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -225,8 +226,8 @@ impl ConnLedger {
     pub(crate) fn forget(&self, key: u64, abnormal_end_with: usize) {
         let mut recv = lock(&self.recv);
         recv.streams.remove(&key);
-        // Counted exactly at the next read; until then the connection may be blocked on what the stream held.
-        recv.unverified = RESYNC_EVERY;
+        // What the stream held is h2's to drop now: counted out at once, the connection may be idle from here on.
+        self.resync(&mut recv);
         drop(recv);
         if abnormal_end_with > 0 {
             self.sent(abnormal_end_with.min(MAX_SEND_BUFFER));
@@ -283,6 +284,15 @@ impl ConnLedger {
         self.account.poll_room(cx)
     }
 
+    /// The socket has nothing more to read for now: what was charged on estimate (frame headers, control frames)
+    /// is counted exactly, so an idle connection holds no estimate.
+    fn drained(&self) {
+        let mut recv = lock(&self.recv);
+        if recv.unverified > 0 {
+            self.resync(&mut recv);
+        }
+    }
+
     fn received(&self, n: usize) {
         let mut recv = lock(&self.recv);
         recv.charged += n;
@@ -334,11 +344,15 @@ impl<T: AsyncRead + Unpin> AsyncRead for Metered<T> {
             std::task::ready!(ledger.poll_read_room(cx));
         }
         let before = buf.filled().len();
-        std::task::ready!(Pin::new(&mut self.io).poll_read(cx, buf))?;
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
         if let Some(ledger) = &self.ledger {
-            ledger.received(buf.filled().len() - before);
+            match &read {
+                Poll::Ready(Ok(())) => ledger.received(buf.filled().len() - before),
+                Poll::Pending => ledger.drained(),
+                Poll::Ready(Err(_)) => {}
+            }
         }
-        Poll::Ready(Ok(()))
+        read
     }
 }
 

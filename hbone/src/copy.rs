@@ -123,7 +123,7 @@ impl Up {
                 if account.poll_room(cx).is_pending() {
                     // Nor does a waiting tunnel keep its read buffer: thousands of them may wait.
                     self.buf = BytesMut::new();
-                    return Poll::Pending;
+                    return tunnel.poll_reset_while_waiting(cx).map(Err);
                 }
             }
             let n = if self.read_size == SMALL_READ {

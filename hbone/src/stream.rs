@@ -74,6 +74,15 @@ impl H2Stream {
         Ok(())
     }
 
+    /// While the stream waits for room in the budget: an error once the peer resets it (or the connection fails),
+    /// so a waiting stream notices that it ended.
+    pub(crate) fn poll_reset_while_waiting(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        match ready!(self.send.poll_reset(cx)) {
+            Ok(reason) => Poll::Ready(io::Error::new(io::ErrorKind::ConnectionReset, h2::Error::from(reason))),
+            Err(e) => Poll::Ready(h2_to_io(e)),
+        }
+    }
+
     /// `n` received bytes reached the reader: reopens the flow-control window and gives them back to the budget.
     pub(crate) fn release(&mut self, n: usize) {
         let _ = self.recv.flow_control().release_capacity(n);
@@ -128,6 +137,12 @@ impl AsyncWrite for H2Stream {
         }
         if self.write_closed {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        // A budgeted stream takes no more bytes while its pod's account has no room.
+        if let Some(account) = self.account() {
+            if account.poll_room(cx).is_pending() {
+                return self.poll_reset_while_waiting(cx).map(Err);
+            }
         }
         self.send.reserve_capacity(buf.len());
         match ready!(self.send.poll_capacity(cx)) {
