@@ -167,8 +167,19 @@ fn burst(pods: &Pods, conns: usize, quick: bool) -> Burst {
     }
     let after = pids.map(rss_kib);
     let pushed = pushed.load(Ordering::Relaxed);
-    println!("hostile-buffers: {conns} connections: before {before:?} peak {peak:?} after {after:?} KiB");
+    let held = [0, 1].map(|i| held_bytes(pods, i) >> 10);
+    println!(
+        "hostile-buffers: {conns} connections: before {before:?} peak {peak:?} after {after:?} KiB (tunnel bytes held \
+         after: {held:?} KiB)"
+    );
     Burst { conns, before, peak, after, pushed }
+}
+
+/// The tunnel bytes node `i`'s proxy holds now (`hbone_buffer_held_bytes`).
+fn held_bytes(pods: &Pods, i: usize) -> u64 {
+    let netns = pods.nodes[i].cluster.node.netns().path();
+    let Ok((_, body)) = testbed::http::get(&netns, istio_contract::ports::STATS, "/metrics") else { return 0 };
+    body.lines().find_map(|l| l.strip_prefix("hbone_buffer_held_bytes ")?.trim().parse().ok()).unwrap_or(0)
 }
 
 /// The scenario; `quick` runs small counts.
