@@ -431,6 +431,27 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_holding_no_received_bytes_reads_even_when_its_pod_is_full() {
+        let budget = MemoryBudget::new(100, 10);
+        let account = budget.account();
+        let ledger = ConnLedger::new(account.clone());
+        // The pod's share is full of bytes waiting to be sent: the window updates they wait for must still be read.
+        account.charge(10);
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(ledger.poll_read_room(&mut cx).is_ready());
+        // Read bytes are charged on estimate (control frames here: no stream holds them), counted out exactly when
+        // the pod has no room, so the connection keeps reading.
+        ledger.received(5);
+        assert_eq!(account.held(), 15);
+        assert!(ledger.poll_read_room(&mut cx).is_ready());
+        assert_eq!(account.held(), 10, "no stream holds the bytes read");
+        drop(ledger);
+        account.credit(10);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
     fn not_enforced_it_counts_only() {
         let budget = MemoryBudget::unlimited();
         let account = budget.account();
