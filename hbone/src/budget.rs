@@ -10,7 +10,9 @@
 //! the rest) and an HBONE connection stops reading its socket (the peer runs out of flow-control window, then TCP
 //! backpressure); nothing is dropped. Each read that starts may overshoot by at most its own size (one read per
 //! runtime worker racing at the boundary), so a pod holds at most its share plus a few reads. A pod that fills its
-//! share stalls only its own tunnels; others keep the rest of the budget.
+//! share stalls only its own tunnels; others keep the rest of the budget. Pods holding half their share or more
+//! stop at three quarters of the node's budget: the last quarter stays for pods that hold little, so several
+//! greedy pods together cannot take the whole budget from the others either.
 //!
 //! Not enforced (a limit of 0), the bytes are still counted, for the metrics.
 
@@ -137,6 +139,16 @@ impl Account {
         self.own.held.load(Ordering::Relaxed)
     }
 
+    /// What the node may hold in all for this pod to start a read: the whole budget while the pod holds under half
+    /// its share, else all but the last quarter, which stays for the pods that hold little.
+    fn node_cap(&self) -> usize {
+        if self.held() < self.node.share / 2 {
+            self.node.limit
+        } else {
+            self.node.limit - self.node.limit / 4
+        }
+    }
+
     /// Whether a read may start now; if not, `cx` is woken when bytes are given back.
     pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
         let node = &self.node;
@@ -147,7 +159,7 @@ impl Account {
         for _ in 0..2 {
             if self.held() >= node.share {
                 self.own.waiters.push(cx.waker());
-            } else if node.held.load(Ordering::Relaxed) >= node.limit {
+            } else if node.held.load(Ordering::Relaxed) >= self.node_cap() {
                 node.waiters.push(cx.waker());
             } else {
                 return Poll::Ready(());
@@ -159,7 +171,7 @@ impl Account {
     /// Whether a read may start now, without waiting.
     pub(crate) fn has_room(&self) -> bool {
         self.node.limit == 0
-            || (self.held() < self.node.share && self.node.held.load(Ordering::Relaxed) < self.node.limit)
+            || (self.held() < self.node.share && self.node.held.load(Ordering::Relaxed) < self.node_cap())
     }
 
     pub(crate) fn charge(&self, n: usize) {
@@ -408,6 +420,20 @@ mod tests {
         greedy.credit(40);
         assert!(third.has_room());
         assert_eq!(budget.held(), 60);
+    }
+
+    #[test]
+    fn greedy_pods_together_leave_the_last_quarter_to_pods_that_hold_little() {
+        let budget = MemoryBudget::new(100, 40);
+        let (a, b, light) = (budget.account(), budget.account(), budget.account());
+        a.charge(38);
+        b.charge(37);
+        assert!(!a.has_room() && !b.has_room(), "pods at half their share or more stop at 75 of 100");
+        assert!(light.has_room(), "a pod that holds little still reads");
+        light.charge(19);
+        assert!(light.has_room());
+        light.charge(1);
+        assert!(!light.has_room(), "at half its share it stops at 75 too");
     }
 
     #[test]
