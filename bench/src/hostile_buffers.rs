@@ -47,7 +47,7 @@ run of this scenario, which prints the count), so some were still ending, and th
 they hold under 1 MiB. Why they take that long with the budget off is not explained yet. With the budget on, the \
 count was back at 0 on both nodes after every burst. With it on, each node holds at most one pod's share (16 MiB) of tunnel \
 bytes; the rest of the peak is what each connection costs besides buffered bytes (sockets, tasks, HTTP/2 and TLS \
-state, heap slack): about 26 to 38 KiB a connection on the client's node and 6 to 7 KiB on the server's. After \
+state, heap slack): about 26 to 38 KiB a connection on the client's node and 4 to 7 KiB on the server's. After \
 the burst `malloc_trim` gives the heap back once the tunnels hold under 1 MiB (`hbone-proxy/src/heap.rs`); what \
 stays are the idle HBONE connections the burst opened (pooled for 5 min on the client, served for 10 min on the \
 server) and tokio's registrations. The first burst starts from proxies that have carried nothing yet, so its \
