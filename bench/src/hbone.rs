@@ -90,11 +90,19 @@ impl Pods {
     /// Starts the nodes and pods of `case`, and waits until the client's proxy carries client → server the way
     /// `case` says.
     pub fn start(case: Case) -> Pods {
+        Self::start_with_env(case, &[])
+    }
+
+    /// Like [`Pods::start`], with `env` added to every proxy's environment (a setting a scenario compares).
+    pub fn start_with_env(case: Case, env: &[(&str, &str)]) -> Pods {
         let ca = tempfile::Builder::new().prefix("bench-ca-").tempdir().expect("CA dir");
         MeshCa::load_or_create(ca.path(), TRUST_DOMAIN).expect("the mesh CA the nodes share");
         let count = if case == Case::AcrossNodes { 2 } else { 1 };
         let nodes: Vec<AmbientNode> = (0..count)
-            .map(|_| AmbientNode::start_with_proxy_env(RuleBackend::Nftables, None, Some(ca.path()), case.proxy_env()))
+            .map(|_| {
+                let env: Vec<(&str, &str)> = case.proxy_env().iter().chain(env).copied().collect();
+                AmbientNode::start_with_proxy_env(RuleBackend::Nftables, None, Some(ca.path()), &env)
+            })
             .collect();
         if count == 2 {
             link(&nodes[0], &nodes[1]);

@@ -8,6 +8,7 @@ mod apps;
 mod attach;
 mod fleet;
 mod hbone;
+mod hostile_buffers;
 mod installer_repair;
 mod iperf;
 mod istio_node;
@@ -46,6 +47,9 @@ enum Scenario {
     /// Several nodes on one API server: each component's requests, watch events, bytes and memory, and the
     /// model for 5,000 nodes × 100 pods (iterations: enrolled pods per node).
     Fleet,
+    /// One pod pushing into 500, 1,500 and 3,000 non-reading connections across nodes: each proxy's memory before,
+    /// at the peak and after the burst, with the buffer budget on and off (iterations unused).
+    HostileBuffers,
 }
 
 impl Scenario {
@@ -60,6 +64,7 @@ impl Scenario {
             Scenario::HboneLatency => Counts { warmup: 200, iterations: 2000 },
             Scenario::NodeScale => Counts { warmup: 10, iterations: 1000 },
             Scenario::Fleet => Counts { warmup: 0, iterations: 25 },
+            Scenario::HostileBuffers => Counts { warmup: 0, iterations: 1 },
         }
     }
 
@@ -75,6 +80,7 @@ impl Scenario {
             Scenario::HboneLatency => Counts { warmup: 10, iterations: 100 },
             Scenario::NodeScale => Counts { warmup: 1, iterations: 20 },
             Scenario::Fleet => Counts { warmup: 0, iterations: 2 },
+            Scenario::HostileBuffers => Counts { warmup: 0, iterations: 1 },
         }
     }
 }
@@ -128,6 +134,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::HboneLatency => hbone::latency(counts),
             Scenario::NodeScale => node_scale::run(counts),
             Scenario::Fleet => fleet::run(counts, args.quick),
+            Scenario::HostileBuffers => hostile_buffers::run(args.quick),
         };
         if args.quick {
             println!("\n{}", section.render_as("`scripts/bench.sh --quick` (debug build, few rounds: not comparable)"));

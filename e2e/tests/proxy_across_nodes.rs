@@ -6,59 +6,19 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use hbone::MeshCa;
 use istio_contract::ports;
-use serde_json::json;
-use testbed::mesh::RuleBackend;
-use testbed::node_agent::{namespace, NodeAgent};
-use testbed::{Cluster, Pod};
+use testbed::Pod;
 
 mod support;
 use support::capture::{payload_bytes, Capture};
 use support::traffic::{Payload, MARKER};
-use support::{ambient_member, connect_from, listen_on, workload, write_workloads, Proxy, APP_PORT, NS, TD};
+use support::two_nodes::{NodeSide, TwoNodes, LINK};
+use support::{ambient_member, connect_from, listen_on, workload, write_workloads, APP_PORT};
 
 /// Bytes each way in the large transfer, as in the same-node acceptance test.
 const PAYLOAD: u64 = 1024 * 1024 * 1024;
 /// Bytes each way in the captured transfer.
 const CAPTURED: u64 = 8 * 1024 * 1024;
-/// The link between the nodes: its name on each node and the node addresses on it (only inside our netns).
-const LINK: [(&str, &str); 2] = [("hb-peer1", "192.0.2.1"), ("hb-peer2", "192.0.2.2")];
-
-/// One node: its cluster (netns, bridge, fake API), agent and proxy.
-struct NodeSide {
-    // Dropped first, while its log file in `dir` still exists.
-    proxy: Proxy,
-    cluster: Cluster,
-    _agent: NodeAgent,
-    dir: tempfile::TempDir,
-}
-
-impl NodeSide {
-    fn start(ca_dir: &str) -> Self {
-        let dir = tempfile::tempdir().expect("node scratch dir");
-        let cluster = Cluster::with_backend(RuleBackend::Nftables);
-        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-        let agent = NodeAgent::start(&cluster, &[]);
-        let proxy =
-            Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &[("CA_DIR", ca_dir)]);
-        NodeSide { proxy, cluster, _agent: agent, dir }
-    }
-}
-
-/// Connects the two node netns with a veth and routes each node's pod subnet through it.
-fn link(one: &Cluster, two: &Cluster) {
-    let (ns1, ns2) = (one.node.netns(), two.node.netns());
-    ns1.exec_ok(&["ip", "link", "add", LINK[0].0, "type", "veth", "peer", "name", LINK[1].0, "netns", ns2.name()]);
-    for ((ns, (dev, addr)), other) in [ns1, ns2].into_iter().zip(LINK).zip([two, one]) {
-        ns.exec_ok(&["ip", "addr", "add", &format!("{addr}/30"), "dev", dev]);
-        ns.exec_ok(&["ip", "link", "set", dev, "up"]);
-        ns.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-        let via = if addr == LINK[0].1 { LINK[1].1 } else { LINK[0].1 };
-        ns.exec_ok(&["ip", "route", "add", &other.node.subnet(), "via", via]);
-    }
-}
-
 /// Both byte counters of A's outbound (node 1, `reporter="source"`) and B's inbound (node 2,
 /// `reporter="destination"`) HBONE connections.
 fn byte_metrics(one: &NodeSide, two: &NodeSide) -> Vec<f64> {
@@ -75,11 +35,8 @@ fn byte_metrics(one: &NodeSide, two: &NodeSide) -> Vec<f64> {
 
 #[test]
 fn pods_on_two_nodes_talk_over_hbone_with_the_clients_ip_preserved() {
-    let ca_dir = tempfile::tempdir().expect("CA dir");
-    MeshCa::load_or_create(ca_dir.path(), TD).expect("the mesh CA both nodes share");
-    let ca = ca_dir.path().to_str().expect("UTF-8 path");
-    let (one, two) = (NodeSide::start(ca), NodeSide::start(ca));
-    link(&one.cluster, &two.cluster);
+    let nodes = TwoNodes::start(&[]);
+    let (one, two) = (&nodes.one, &nodes.two);
     let a: Pod = ambient_member(&one.cluster, "a", "a-sa");
     let b: Pod = ambient_member(&two.cluster, "b", "b-sa");
     // Each test node has an API server of its own, so neither proxy's Kubernetes source sees the other node's
@@ -90,7 +47,7 @@ fn pods_on_two_nodes_talk_over_hbone_with_the_clients_ip_preserved() {
             workload(&two.cluster, "b", "b-sa", b.ip.into(), "node-2"),
         ]
     };
-    for side in [&one, &two] {
+    for side in [one, two] {
         write_workloads(&side.proxy, &side.dir.path().join("workloads.yaml"), listing());
     }
     let b_app = SocketAddr::from((b.ip, APP_PORT));
@@ -113,13 +70,13 @@ fn pods_on_two_nodes_talk_over_hbone_with_the_clients_ip_preserved() {
     assert_eq!(hello.payload[..2], [0x16, 0x03], "the HBONE connection starts with a TLS handshake record");
 
     // The large exchange, counted exactly by both proxies.
-    let before = byte_metrics(&one, &two);
+    let before = byte_metrics(one, two);
     let (a_data, b_data) = (Payload::new(3, PAYLOAD), Payload::new(4, PAYLOAD));
     let peer = support::traffic::transfer(listen_on(&b, APP_PORT), || connect_from(&a, b_app), a_data, b_data);
     assert_eq!(peer.ip(), IpAddr::from(a.ip), "B's app on node 2 sees A's IP as the peer");
     let want: Vec<f64> = before.iter().map(|v| v + PAYLOAD as f64).collect();
     testbed::wait::eventually("both proxies counted exactly the transfer each way", || {
-        (byte_metrics(&one, &two) == want).then_some(())
+        (byte_metrics(one, two) == want).then_some(())
     });
     assert!(two.proxy.log().contains("direction=\"inbound\" protocol=\"HBONE\""), "node 2 logged the tunnel");
 }

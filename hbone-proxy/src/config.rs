@@ -10,6 +10,8 @@ use daemon::lifecycle::Daemon;
 use daemon::probes::Paths;
 use istio_contract::ports;
 
+use crate::memory;
+
 /// Istio's proxy probe paths: the kubelet probes `/healthz/ready` (on 15021), Prometheus scrapes `/metrics` (on
 /// 15020); no liveness path.
 const PROBE_PATHS: Paths = Paths { live: None, ready: "/healthz/ready", metrics: "/metrics" };
@@ -75,6 +77,17 @@ pub struct Config {
     #[arg(long, env = "HBONE_MAX_CONNECTIONS_PER_IDENTITY",
           default_value_t = hbone::ConnectionCaps::default().per_identity, value_parser = positive)]
     pub hbone_max_connections_per_identity: usize,
+    /// The node-wide budget, in MiB, for tunnel bytes the proxy holds in user space (read from an app and not yet
+    /// sent, received over HBONE and not yet written to an app), all pods together. Once it is reached, tunnels stop
+    /// reading from the sockets that would add to it: HTTP/2 flow control and TCP backpressure hold the senders
+    /// back, nothing is dropped. `0` turns the budget off (the bytes are still counted, for the metrics).
+    #[arg(long, env = "BUFFER_BUDGET_MIB", default_value_t = memory::DEFAULT_BUDGET_MIB)]
+    pub buffer_budget_mib: usize,
+    /// What one pod may hold of the buffer budget, in MiB (its tunnels in both directions, as client and as
+    /// server), so one pod's connections cannot take the whole budget from the others.
+    #[arg(long, env = "BUFFER_BUDGET_PER_POD_MIB", default_value_t = memory::DEFAULT_PER_POD_MIB,
+          value_parser = positive)]
+    pub buffer_budget_per_pod_mib: usize,
     /// Whether a connection between two pods this proxy enrolled takes the same-node fast path: connected inside the
     /// destination pod's netns directly, with the same identity and policy checks as HBONE but no TLS, since the
     /// bytes never leave the node's kernel. `false` sends it over HBONE to the peer's 15008, as between nodes.
@@ -145,6 +158,10 @@ mod tests {
         assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
         assert_eq!(config.hbone_server_idle_timeout, hbone::server::DEFAULT_IDLE_TIMEOUT);
         assert!(config.same_node_fast_path, "the same-node fast path is on by default");
+        let budget = memory::budget(config.buffer_budget_mib, config.buffer_budget_per_pod_mib);
+        assert_eq!((budget.limit(), budget.share()), (64 << 20, 16 << 20));
+        assert_eq!(parse(&["--buffer-budget-mib", "0"]).unwrap().buffer_budget_mib, 0, "0 turns the budget off");
+        assert!(parse(&["--buffer-budget-per-pod-mib", "0"]).is_err());
         assert!(!parse(&["--same-node-fast-path", "false"]).unwrap().same_node_fast_path);
         let caps = hbone::ConnectionCaps::default();
         assert_eq!(

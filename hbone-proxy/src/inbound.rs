@@ -127,7 +127,8 @@ pub async fn hbone(pod: Arc<PodContext>, tls: InboundTls, tcp: TcpStream, mut st
     let terminated = |reason| {
         pod.mesh.metrics.hbone_limits.terminated.get_or_create(&HboneLimitLabels { reason }).inc();
     };
-    match hbone::serve(accepted, Arc::new(ToApp { pod: pod.clone() }), options, stopped).await {
+    let memory = pod.pool.memory().cloned();
+    match hbone::serve_budgeted(accepted, Arc::new(ToApp { pod: pod.clone() }), options, memory, stopped).await {
         // Idle connections are closed in the normal course of things: counted, not logged.
         Ok(Ended::IdleTimeout) => terminated("idle_timeout"),
         Ok(Ended::ClientClosed | Ended::Drained) => {}
@@ -172,7 +173,8 @@ pub async fn plaintext(pod: Arc<PodContext>, client: TcpStream, peer: SocketAddr
         metrics.opened(&labels);
         let (result, flag) = match sockets::connect_in(&pod.netns, dst, Some(peer.ip())).await {
             Ok(mut app) => (
-                tokio::io::copy_bidirectional(&mut client, &mut app).await.map_err(|e| e.to_string()),
+                // Through the kernel (`splice(2)`): no user-space buffer, so nothing for the buffer budget to hold.
+                crate::splice::bidirectional(&mut client, &mut app).await.map_err(|(_, e)| e.to_string()),
                 telemetry::RESPONSE_FLAGS_NONE,
             ),
             Err(e) => (Err(format!("connecting to {dst}: {e}")), telemetry::RESPONSE_FLAG_CONNECTION_FAILURE),

@@ -7,6 +7,7 @@ mod dns;
 mod fast_path;
 mod heap;
 mod inbound;
+mod memory;
 mod mesh;
 mod metrics;
 mod outbound;
@@ -63,6 +64,12 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         let _ = listed_tx.send(());
     }
     let metrics = ctx.probes.with_registry(metrics::Metrics::register);
+    let buffers = memory::budget(config.buffer_budget_mib, config.buffer_budget_per_pod_mib);
+    ctx.probes.with_registry(|registry| memory::register(registry, &buffers));
+    tokio::spawn(heap::give_back_after_bursts({
+        let buffers = buffers.clone();
+        move || buffers.held()
+    }));
     let dns = dns::upstreams::Upstreams::new(&config.dns_upstreams, Path::new(RESOLV_CONF)).context("DNS upstreams")?;
     tracing::info!(upstreams = ?dns.addrs(), "DNS forwarder upstreams");
     let deadline = config.common.termination_deadline;
@@ -78,12 +85,15 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         mtls_mode: config.mtls_mode,
         hbone: mesh::InboundHbone::new(&config),
         same_node_fast_path: config.same_node_fast_path,
+        buffers,
         local_pods: mesh::LocalPods::default(),
     });
     tracing::info!(
         mode = ?config.mtls_mode,
         secret_ttl = ?config.secret_ttl,
         same_node_fast_path = config.same_node_fast_path,
+        buffer_budget_mib = config.buffer_budget_mib,
+        buffer_budget_per_pod_mib = config.buffer_budget_per_pod_mib,
         "mesh policy"
     );
     let workloads = Workloads::new(mesh, &ctx.probes);

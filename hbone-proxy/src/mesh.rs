@@ -58,6 +58,9 @@ pub struct Mesh {
     pub hbone: InboundHbone,
     /// Whether connections between two enrolled pods take the same-node fast path (`SAME_NODE_FAST_PATH`).
     pub same_node_fast_path: bool,
+    /// The node-wide budget for buffered tunnel bytes (`BUFFER_BUDGET_MIB`); each pod's pool and HBONE server
+    /// charge one account in it.
+    pub buffers: hbone::MemoryBudget,
     /// The enrolled pods by address: where the fast path finds a destination pod.
     pub local_pods: LocalPods,
 }

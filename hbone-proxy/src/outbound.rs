@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use hbone::ConnectRequest;
 use istio_contract::{ports, telemetry};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::directory::Protocol;
@@ -108,13 +107,9 @@ pub async fn handle(pod: Arc<PodContext>, app: TcpStream, peer: SocketAddr) {
     );
 }
 
-/// Copies both ways with half-close; returns (client → upstream, upstream → client) bytes.
-async fn splice<A, B>(client: &mut A, upstream: &mut B) -> Result<(u64, u64), (u64, u64, String)>
-where
-    A: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
-{
-    tokio::io::copy_bidirectional_with_sizes(client, upstream, 64 * 1024, 64 * 1024)
-        .await
-        .map_err(|e| (0, 0, e.to_string()))
+/// Moves bytes both ways with half-close through the kernel (`splice(2)`): a passthrough connection holds no
+/// user-space buffer, so it takes nothing from the buffer budget whatever its peers do. Returns (client → upstream,
+/// upstream → client) bytes.
+async fn splice(client: &mut TcpStream, upstream: &mut TcpStream) -> Result<(u64, u64), (u64, u64, String)> {
+    crate::splice::bidirectional(client, upstream).await.map_err(|((up, down), e)| (up, down, e.to_string()))
 }

@@ -104,7 +104,9 @@ impl PodProxy {
         });
         let latency = mesh.metrics.hbone_connect_seconds.clone();
         let observer = ConnectObserver(Arc::new(move |took: Duration| latency.observe(took.as_secs_f64())));
-        let pool_config = PoolConfig { on_connected: Some(observer), ..PoolConfig::default() };
+        // The pod's account in the buffer budget: its pool and its HBONE server share it (`Pool::memory`).
+        let memory = Some(mesh.buffers.account());
+        let pool_config = PoolConfig { on_connected: Some(observer), memory, ..PoolConfig::default() };
         let pool = Pool::with_dialer(mesh.tls.clone(), pool_config, dialer);
         let mut baggage = Baggage::namespace(&info.namespace);
         if !info.name.is_empty() {

@@ -3,6 +3,10 @@
 //! was read into (`Bytes`), and the tunnel's DATA payloads are written to the plain stream as h2 hands them out.
 //! A generic copy through `AsyncRead`/`AsyncWrite` pays one extra `memcpy` per byte each way (into h2's send
 //! buffer, out of its receive buffer), which on a CPU-bound node is a measurable share of the proxy's time.
+//!
+//! A budgeted tunnel (see [`crate::budget`]) charges what it reads from the plain stream to its pod's account until
+//! it is written to the HBONE connection, starts no read while the account has no room, and keeps no read buffer
+//! while it waits; what it received is given back as it reaches the plain stream.
 
 use std::future::poll_fn;
 use std::io;
@@ -10,12 +14,13 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::budget::Account;
 use crate::stream::{h2_to_io, H2Stream};
 
-/// Room made in the read buffer before a read from the plain stream, at first: what an idle or request/response
-/// connection holds.
+/// The most read from the plain stream at once, at first (on the stack, then copied): what an idle or
+/// request/response connection needs.
 const SMALL_READ: usize = 16 * 1024;
 /// Room made once a read filled the buffer (a bulk transfer): the most one DATA frame carries from it. Large reads
 /// mean fewer syscalls, fewer HTTP/2 frames and full TLS records (16 KiB each) for all but the last of a frame.
@@ -38,8 +43,15 @@ pub async fn bidirectional<T>(tunnel: &mut H2Stream, plain: &mut T) -> Copied
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut up =
-        Up { buf: BytesMut::new(), read_size: SMALL_READ, pending: Bytes::new(), eof: false, done: false, total: 0 };
+    let mut up = Up {
+        buf: BytesMut::new(),
+        read_size: SMALL_READ,
+        pending: Bytes::new(),
+        account: tunnel.account().cloned(),
+        eof: false,
+        done: false,
+        total: 0,
+    };
     let mut down = Down { pending: Bytes::new(), eof: false, done: false, total: 0 };
     let result = poll_fn(|cx| {
         let up_ready = up.poll(cx, tunnel, plain)?.is_ready();
@@ -56,12 +68,15 @@ where
 
 /// Plain stream → tunnel.
 struct Up {
-    /// Where reads land; each read's bytes are split off and frozen, so h2 holds them without a copy.
+    /// Where bulk reads land; each read's bytes are split off and frozen, so h2 holds them without a copy.
     buf: BytesMut,
     /// Room made before each read: [`SMALL_READ`], or [`LARGE_READ`] once a read filled it.
     read_size: usize,
     /// Read but not yet handed to h2 (waiting for flow-control capacity).
     pending: Bytes,
+    /// The pod account charged with what was read, until it is written to the HBONE connection; `None` when the
+    /// tunnel is not budgeted.
+    account: Option<Account>,
     eof: bool,
     done: bool,
     total: u64,
@@ -82,7 +97,7 @@ impl Up {
                     Some(Ok(n)) => {
                         let n = n.min(self.pending.len());
                         if n > 0 {
-                            tunnel.send.send_data(self.pending.split_to(n), false).map_err(h2_to_io)?;
+                            tunnel.send_charged(self.pending.split_to(n), self.account.is_some())?;
                             self.total += n as u64;
                         }
                     }
@@ -102,17 +117,48 @@ impl Up {
                 self.done = true;
                 continue;
             }
-            // Reuses the allocation once h2 has written out (dropped) the previous chunks, else allocates anew.
-            self.buf.reserve(self.read_size);
-            let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *plain), cx, &mut self.buf))?;
+            // No read starts while the pod holds its share of the memory budget (or the node all of it): the app's
+            // socket fills and TCP holds the app back.
+            if let Some(account) = &self.account {
+                if account.poll_room(cx).is_pending() {
+                    // Nor does a waiting tunnel keep its read buffer: thousands of them may wait.
+                    self.buf = BytesMut::new();
+                    return tunnel.poll_reset_while_waiting(cx).map(Err);
+                }
+            }
+            let n = if self.read_size == SMALL_READ {
+                // Until the stream proves bulk, reads land on the stack and only what was read is copied out: an idle
+                // or request/response tunnel holds no read buffer while it waits (thousands may wait).
+                let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); SMALL_READ];
+                let mut read = ReadBuf::uninit(&mut stack);
+                ready!(Pin::new(&mut *plain).poll_read(cx, &mut read))?;
+                self.pending = Bytes::copy_from_slice(read.filled());
+                read.filled().len()
+            } else {
+                // Reuses the allocation once h2 has written out (dropped) the previous chunks, else allocates anew.
+                self.buf.reserve(self.read_size);
+                let n = ready!(tokio_util::io::poll_read_buf(Pin::new(&mut *plain), cx, &mut self.buf))?;
+                self.pending = self.buf.split().freeze();
+                n
+            };
             if n == 0 {
                 self.eof = true;
             } else {
+                if let Some(account) = &self.account {
+                    account.charge(n);
+                }
                 if n >= self.read_size {
                     self.read_size = LARGE_READ;
                 }
-                self.pending = self.buf.split().freeze();
             }
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(account) = &self.account {
+            account.credit(self.pending.len());
         }
     }
 }
@@ -142,8 +188,9 @@ impl Down {
                 }
                 self.pending.advance(n);
                 self.total += n as u64;
-                // Reopen the flow-control window only for what reached the plain stream.
-                let _ = tunnel.recv.flow_control().release_capacity(n);
+                // Reopen the flow-control window (and give the bytes back to the budget) only for what reached the
+                // plain stream.
+                tunnel.release(n);
                 continue;
             }
             if self.eof {

@@ -8,6 +8,8 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "runtime")]
+pub mod budget;
+#[cfg(feature = "runtime")]
 pub mod ca;
 pub mod connect;
 #[cfg(feature = "runtime")]
@@ -31,6 +33,8 @@ pub mod stream;
 pub mod tls;
 
 #[cfg(feature = "runtime")]
+pub use budget::{Account, MemoryBudget};
+#[cfg(feature = "runtime")]
 pub use ca::{CaError, MeshCa, WorkloadCert};
 #[cfg(feature = "runtime")]
 pub use headers::Baggage;
@@ -42,7 +46,9 @@ pub use limits::{ConnectionCaps, ConnectionLimiter, ConnectionPermit, OverCap};
 #[cfg(feature = "runtime")]
 pub use pool::{ConnectError, ConnectObserver, ConnectRequest, Dialer, Pool, PoolConfig};
 #[cfg(feature = "runtime")]
-pub use server::{refuse, serve, ConnectHandler, Ended, InboundRequest, ServeError, ServeOptions, Transfer};
+pub use server::{
+    refuse, serve, serve_budgeted, ConnectHandler, Ended, InboundRequest, ServeError, ServeOptions, Transfer,
+};
 #[cfg(feature = "runtime")]
 pub use stream::H2Stream;
 #[cfg(feature = "runtime")]

@@ -16,6 +16,7 @@ use http::{HeaderMap, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinSet;
 
+use crate::budget::{Account, ConnLedger, Metered};
 pub use crate::connect::{check_connect, ILLEGAL_TARGET_PORTS};
 use crate::identity::Identity;
 use crate::keepalive::{self, Keepalive};
@@ -151,8 +152,23 @@ pub async fn serve<H: ConnectHandler>(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<Ended, ServeError> {
+    serve_budgeted(accepted, handler, options, None, shutdown).await
+}
+
+/// [`serve`], with what the connection holds (received DATA not yet written to the targets, answers not yet
+/// written to the socket) charged to `memory`: the connection stops reading its socket while the account has no
+/// room (see [`crate::budget`]).
+pub async fn serve_budgeted<H: ConnectHandler>(
+    accepted: Accepted,
+    handler: Arc<H>,
+    options: ServeOptions,
+    memory: Option<Account>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Ended, ServeError> {
     let Accepted { stream, local, peer, peer_identity } = accepted;
     let h2_err = |source| ServeError::H2 { peer, source };
+    let ledger = memory.map(ConnLedger::new);
+    let stream = Metered::new(stream, ledger.clone());
     let handshake = settings::server().handshake(stream);
     let mut conn = tokio::time::timeout(options.idle_timeout.min(HANDSHAKE_TIMEOUT), handshake)
         .await
@@ -169,7 +185,7 @@ pub async fn serve<H: ConnectHandler>(
         tokio::select! {
             next = conn.accept() => match next {
                 Some(Ok((request, respond))) => {
-                    tunnels.spawn(tunnel(request, respond, handler.clone(), conn_info.clone()));
+                    tunnels.spawn(tunnel(request, respond, handler.clone(), conn_info.clone(), ledger.clone()));
                 }
                 // After our GOAWAY a client may close before our final frames are written.
                 Some(Err(e)) if e.is_io() && closing != Ended::ClientClosed => break Ok(closing),
@@ -273,6 +289,7 @@ async fn tunnel<H: ConnectHandler>(
     mut respond: h2::server::SendResponse<bytes::Bytes>,
     handler: Arc<H>,
     conn_info: Arc<(Identity, SocketAddr, SocketAddr)>,
+    ledger: Option<Arc<ConnLedger>>,
 ) {
     let (peer_identity, peer, local) = (*conn_info).clone();
     let refuse = |respond: &mut h2::server::SendResponse<bytes::Bytes>, status: StatusCode| {
@@ -303,7 +320,7 @@ async fn tunnel<H: ConnectHandler>(
         }
     };
     let started = tokio::time::Instant::now();
-    let mut client = H2Stream::new(send, body, None);
+    let mut client = H2Stream::new(send, body, None).budgeted(ledger);
     let copied = crate::copy::bidirectional(&mut client, &mut target).await;
     let (to_target, from_target) = (copied.from_tunnel, copied.to_tunnel);
     handler.finished(&req, Transfer { to_target, from_target, duration: started.elapsed(), error: copied.error });

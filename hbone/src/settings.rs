@@ -2,6 +2,11 @@
 //! one client may make it hold.
 
 /// Per-stream receive window: 4 MiB.
+///
+/// Reviewed against the memory budget (#33): the windows bound what is in flight on one stream and one connection
+/// (throughput needs them across a real network), the budget ([`crate::budget`]) what a pod and the node hold.
+/// A pod's default share (16 MiB) is four stream windows, so one bulk transfer never waits on the budget; a
+/// connection that fills its pod's share stops being read, so its window is never all held by the proxy.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 /// Per-connection receive window: 16 MiB.
 pub const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
@@ -29,6 +34,7 @@ pub(crate) fn client() -> h2::client::Builder {
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME_SIZE)
         .max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .max_send_buffer_size(crate::budget::MAX_SEND_BUFFER)
         .enable_push(false);
     b
 }
@@ -41,6 +47,7 @@ pub(crate) fn server() -> h2::server::Builder {
         .max_frame_size(MAX_FRAME_SIZE)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .max_send_buffer_size(crate::budget::MAX_SEND_BUFFER)
         .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
         .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS));
     b

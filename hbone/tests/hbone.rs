@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hbone::{
-    Baggage, ConnectError, ConnectHandler, ConnectRequest, Identity, InboundRequest, InboundTls, MeshCa, MeshTls, Pool,
-    PoolConfig, ServeOptions, ServerCerts, TlsError, Transfer, WorkloadCert,
+    Account, Baggage, ConnectError, ConnectHandler, ConnectRequest, Identity, InboundRequest, InboundTls, MemoryBudget,
+    MeshCa, MeshTls, Pool, PoolConfig, ServeOptions, ServerCerts, TlsError, Transfer, WorkloadCert,
 };
 use http::StatusCode;
 use istio_contract::ports;
@@ -79,6 +79,17 @@ struct Server {
 }
 
 async fn start_server(mesh: &Mesh, ip: IpAddr, identity: &Identity, options: ServeOptions) -> Server {
+    start_server_budgeted(mesh, ip, identity, options, None).await
+}
+
+/// [`start_server`], its connections charged to `memory` (a destination pod's account in its node's budget).
+async fn start_server_budgeted(
+    mesh: &Mesh,
+    ip: IpAddr,
+    identity: &Identity,
+    options: ServeOptions,
+    memory: Option<Account>,
+) -> Server {
     let certs = ServerCerts::new();
     certs.set(ip, &mesh.ca.mint(identity).unwrap()).unwrap();
     let listener = TcpListener::bind((ip, 0)).await.unwrap();
@@ -98,13 +109,15 @@ async fn start_server(mesh: &Mesh, ip: IpAddr, identity: &Identity, options: Ser
             let (inbound, handler, err_tx, served_tx) =
                 (inbound.clone(), handler.clone(), err_tx.clone(), served_tx.clone());
             let mut shutdown_rx = shutdown_rx.clone();
+            let memory = memory.clone();
             tokio::spawn(async move {
                 match inbound.accept(tcp).await {
                     Ok(conn) => {
                         let stop = async move {
                             let _ = shutdown_rx.wait_for(|stop| *stop).await;
                         };
-                        let _ = served_tx.send(hbone::serve(conn, handler, options, stop).await);
+                        let served = hbone::serve_budgeted(conn, handler, options, memory.clone(), stop).await;
+                        let _ = served_tx.send(served);
                     }
                     Err(e) => {
                         let _ = err_tx.send(e);
@@ -933,4 +946,96 @@ async fn refused_connections_get_goaway_refused_stream() {
         drop(first);
     })
     .await
+}
+
+/// An app on `ip` that accepts connections and never reads; dropping the returned sender closes them all.
+async fn non_reading_app(ip: IpAddr) -> (SocketAddr, watch::Sender<()>) {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (close, mut closed) = watch::channel(());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => held.push(accepted.unwrap().0),
+                _ = closed.changed() => return,
+            }
+        }
+    });
+    (addr, close)
+}
+
+/// A destination pod whose app never reads fills only its own share of the server's budget (the server stops
+/// reading those connections), the client pod pushing into it only its own share of the client's; another pod's
+/// tunnel through the same two budgets keeps carrying bytes, and once the app closes, everything is given back.
+#[tokio::test]
+async fn a_target_that_never_reads_fills_only_its_pods_share_and_everything_is_given_back() {
+    const SHARE: usize = 1 << 20;
+    within(async {
+        let mesh = new_mesh();
+        let (server_node, client_node) = (MemoryBudget::new(8 * SHARE, SHARE), MemoryBudget::new(8 * SHARE, SHARE));
+        let (ip_b, ip_d) = (next_ip(), next_ip());
+        let b =
+            start_server_budgeted(&mesh, ip_b, &id("b"), ServeOptions::default(), Some(server_node.account())).await;
+        let d =
+            start_server_budgeted(&mesh, ip_d, &id("d"), ServeOptions::default(), Some(server_node.account())).await;
+        let (hold, close) = non_reading_app(ip_b).await;
+        let echo = echo_app(ip_d).await;
+        let pool = |memory| Pool::new(mesh.tls.clone(), PoolConfig { memory: Some(memory), ..PoolConfig::default() });
+        let (pusher_pool, other_pool) = (pool(client_node.account()), pool(client_node.account()));
+        let (a, c) = (Arc::new(mesh.ca.mint(&id("a")).unwrap()), Arc::new(mesh.ca.mint(&id("c")).unwrap()));
+
+        let mut tunnels = Vec::new();
+        for _ in 0..4 {
+            tunnels.push(pusher_pool.connect(&request(&a, &b, &id("b"), hold)).await.unwrap());
+        }
+        let pushed = Arc::new(AtomicUsize::new(0));
+        let pushers: Vec<_> = tunnels
+            .into_iter()
+            .map(|mut tunnel| {
+                let pushed = pushed.clone();
+                tokio::spawn(async move {
+                    let chunk = vec![0x5a_u8; 64 * 1024];
+                    while tunnel.write_all(&chunk).await.is_ok() {
+                        pushed.fetch_add(chunk.len(), Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        eventually_async("the non-reading pod's share on the server is full", || {
+            (server_node.held() >= SHARE / 2).then_some(())
+        })
+        .await;
+        // Another client pod to another destination pod, meanwhile: every byte comes back.
+        let data = random_bytes(4 << 20);
+        let mut other = other_pool.connect(&request(&c, &d, &id("d"), echo)).await.unwrap();
+        let (mut r, mut w) = tokio::io::split(&mut other);
+        let (_, back) = tokio::join!(
+            async {
+                w.write_all(&data).await.unwrap();
+                w.shutdown().await.unwrap();
+            },
+            async {
+                let mut back = Vec::new();
+                r.read_to_end(&mut back).await.unwrap();
+                back
+            }
+        );
+        assert!(back == data, "the other pod's echo came back whole ({} of {} bytes)", back.len(), data.len());
+        // A read or an HTTP/2 frame past the share at most.
+        let slack = 2 << 20;
+        assert!(server_node.held() <= SHARE + slack, "the server holds {} bytes", server_node.held());
+        assert!(client_node.held() <= SHARE + slack, "the client holds {} bytes", client_node.held());
+        assert!(pushed.load(Ordering::Relaxed) < 64 << 20, "the pusher was held back");
+
+        drop(close);
+        for pusher in pushers {
+            pusher.await.unwrap();
+        }
+        eventually_async("both budgets are given back", || {
+            (server_node.held() == 0 && client_node.held() == 0).then_some(())
+        })
+        .await;
+    })
+    .await;
 }

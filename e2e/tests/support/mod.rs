@@ -6,6 +6,7 @@ pub mod capture;
 pub mod mesh_client;
 pub mod metrics;
 pub mod traffic;
+pub mod two_nodes;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

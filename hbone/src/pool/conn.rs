@@ -30,6 +30,8 @@ pub(super) struct Conn {
     pub(super) active: watch::Sender<usize>,
     /// Set once the connection may no longer take streams.
     pub(super) closed: AtomicBool,
+    /// What the connection holds, in the source pod's memory budget.
+    pub(super) ledger: Option<Arc<crate::budget::ConnLedger>>,
 }
 
 impl Conn {

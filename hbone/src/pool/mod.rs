@@ -15,6 +15,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::budget::{Account, ConnLedger, Metered};
 use crate::ca::WorkloadCert;
 use crate::headers::{self, Baggage};
 use crate::identity::Identity;
@@ -40,6 +41,9 @@ pub struct PoolConfig {
     pub keepalive: Keepalive,
     /// Told how long each new connection took to dial (TCP, TLS and HTTP/2 handshakes), for latency metrics.
     pub on_connected: Option<ConnectObserver>,
+    /// The source pod's account in the node's memory budget: what its tunnels hold is charged to it, and they
+    /// stop reading while it has no room (see [`crate::budget`]). `None`: not budgeted.
+    pub memory: Option<Account>,
 }
 
 /// A callback the pool calls with the dial time of every connection it establishes.
@@ -61,6 +65,7 @@ impl Default for PoolConfig {
             connect_timeout: Duration::from_secs(10),
             keepalive: Keepalive::default(),
             on_connected: None,
+            memory: None,
         }
     }
 }
@@ -173,6 +178,12 @@ impl Pool {
         }
     }
 
+    /// The account the pool's tunnels are charged to in the memory budget (its `PoolConfig::memory`): the source
+    /// pod's, which its HBONE server charges too.
+    pub fn memory(&self) -> Option<&Account> {
+        self.inner.config.memory.as_ref()
+    }
+
     /// How many pooled connections can still take streams (for config dumps and tests).
     pub fn connection_count(&self) -> usize {
         self.conns().values().flatten().filter(|conn| conn.usable()).count()
@@ -202,7 +213,8 @@ impl Pool {
         if response.status() != StatusCode::OK {
             return Err(ConnectError::Status { dst: req.dst, authority: req.authority, status: response.status() });
         }
-        Ok(H2Stream::new(body, response.into_body(), Some(Box::new(slot))))
+        let ledger = slot.conn.ledger.clone();
+        Ok(H2Stream::new(body, response.into_body(), Some(Box::new(slot))).budgeted(ledger))
     }
 
     fn conns(&self) -> std::sync::MutexGuard<'_, Conns> {
@@ -265,7 +277,9 @@ impl Pool {
         let _ = tcp.set_nodelay(true);
         let tls = self.inner.tls.connect(tcp, src, &key.dst_identity).await?;
         let h2_err = |source| ConnectError::H2 { dst: key.dst, source };
-        let (send, mut connection) = settings::client().handshake(tls).await.map_err(h2_err)?;
+        let ledger = self.inner.config.memory.clone().map(ConnLedger::new);
+        let metered = Metered::new(tls, ledger.clone());
+        let (send, mut connection) = settings::client().handshake(metered).await.map_err(h2_err)?;
         let mut ping_pong = connection.ping_pong();
         server_settings_received(&mut connection, ping_pong.as_mut()).await.map_err(h2_err)?;
         let (active, _) = watch::channel(0);
@@ -274,6 +288,7 @@ impl Pool {
             send,
             active,
             closed: AtomicBool::new(false),
+            ledger,
         });
         let took = started.elapsed();
         tracing::debug!(dst = %key.dst, identity = %key.dst_identity, id = conn.id, ?took, "HBONE connection established");
