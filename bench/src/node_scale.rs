@@ -194,6 +194,17 @@ fn plugin_log_times(run_dir: &std::path::Path) -> std::collections::HashMap<usiz
     times
 }
 
+/// Time all CPUs have spent in interrupts (hard and soft) since boot, from `/proc/stat`: where the kernel's work
+/// for packets lands (a new bridge port's multicast to every other port, say), whichever process it interrupted.
+fn interrupt_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
+    let fields: Vec<u64> =
+        stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    let ticks = fields.get(5).copied().unwrap_or(0) + fields.get(6).copied().unwrap_or(0);
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    Duration::from_secs_f64(ticks as f64 / hz)
+}
+
 /// The kernel's share of two agent phases at the node's current size, taken with no pod and no daemon involved:
 /// what the node itself costs, not our per-pod work.
 struct KernelFloor {
@@ -233,6 +244,8 @@ struct Window {
     ours_add: Duration,
     /// Median ADD of the chain without istio-cni in it.
     chain: Duration,
+    /// Median ADD of the chain with a plugin that does nothing (portmap, no mappings) after the bridge.
+    noop: Duration,
     /// Median `CNI_COMMAND=VERSION` exec of our plugin in it.
     exec: Duration,
     /// Median [`KernelFloor::rules`] in it.
@@ -245,7 +258,7 @@ struct Window {
     plugin_agent: Duration,
     /// CPU time per pod in it: the agent, the proxy, and the bench's own process (the fake API server and the
     /// runtime).
-    cpu_per_pod: [Duration; 3],
+    cpu_per_pod: [Duration; 4],
     /// The agent's phase means in it, µs ([`phase_means`]; `request` is the whole plugin request).
     phases: Vec<(String, f64)>,
 }
@@ -293,7 +306,15 @@ pub fn run(counts: Counts) -> Section {
     if let Some(plugins) = plain["plugins"].as_array_mut() {
         plugins.retain(|p| p["type"] != istio_contract::names::PLUGIN_TYPE);
     }
+    // The same chain with a plugin that does nothing after the bridge, where istio-cni sits: portmap with no
+    // port mappings returns the previous result at once. Its time there is the node's cost of any chained plugin.
+    let mut with_noop = plain.clone();
+    if let Some(plugins) = with_noop["plugins"].as_array_mut() {
+        plugins.push(serde_json::json!({ "type": "portmap", "capabilities": { "portMappings": true } }));
+    }
     let chain_only = testbed::NetworkConfigList::from_value(plain).expect("the chain without istio-cni");
+    let chain_noop = testbed::NetworkConfigList::from_value(with_noop).expect("the chain with a no-op plugin");
+    node.cluster.node.install_plugin("portmap", &testbed::bins::reference_plugin("portmap"));
 
     // Warm-up pods (enrolled, then removed): the first timed pods do not pay for the daemons' first requests.
     for i in 0..counts.warmup {
@@ -305,16 +326,19 @@ pub fn run(counts: Counts) -> Section {
     println!("node-scale: enrolling {n} pods (and after one in every {CHAIN_EVERY}, a pod without istio-cni)");
     let windows = windows(n);
     let mut chain: Vec<(usize, Duration)> = Vec::new();
+    let mut noop: Vec<(usize, Duration)> = Vec::new();
     // Beside each chain probe, an exec of our plugin that does no per-pod work (`CNI_COMMAND=VERSION`): what the
     // node's own load does to any process as pods are added.
     let plugin = testbed::bins::path(istio_contract::names::PLUGIN_TYPE);
     let mut version: Vec<(usize, Duration)> = Vec::new();
     let mut kernel: Vec<(usize, KernelFloor)> = Vec::new();
     let mut phases_at = Vec::new();
-    // CPU time of the agent, the proxy and this process (the fake API server, the runtime) at the same points.
-    let mut cpu_at: Vec<(usize, [Duration; 3])> = Vec::new();
-    let cpu_now =
-        |node: &AmbientNode| [cpu_time(node.agent.pid()), cpu_time(node.proxy.pid()), cpu_time(std::process::id())];
+    // CPU time of the agent, the proxy and this process (the fake API server, the runtime), and the machine's
+    // interrupt time, at the same points.
+    let mut cpu_at: Vec<(usize, [Duration; 4])> = Vec::new();
+    let cpu_now = |node: &AmbientNode| {
+        [cpu_time(node.agent.pid()), cpu_time(node.proxy.pid()), cpu_time(std::process::id()), interrupt_time()]
+    };
     let start = Instant::now();
     let mut pods = Vec::with_capacity(n);
     let mut latencies = Vec::with_capacity(n);
@@ -343,6 +367,9 @@ pub fn run(counts: Counts) -> Section {
             let probe = Instant::now();
             let attached = timed_add(&node.cluster.node, &chain_only, NS, &format!("chain{i}"));
             chain.push((i, attached.took));
+            drop(attached);
+            let attached = timed_add(&node.cluster.node, &chain_noop, NS, &format!("noop{i}"));
+            noop.push((i, attached.took));
             drop(attached);
             version.push((i, timed_exec(&plugin)));
             kernel.push((i, kernel_floor()));
@@ -373,6 +400,9 @@ pub fn run(counts: Counts) -> Section {
             let probes: Vec<Duration> =
                 chain.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, took)| *took).collect();
             let chain = Summary::of(&probes).median;
+            let noops: Vec<Duration> =
+                noop.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, took)| *took).collect();
+            let noop = Summary::of(&noops).median;
             let execs: Vec<Duration> =
                 version.iter().filter(|(i, _)| (from..to).contains(i)).map(|(_, took)| *took).collect();
             let exec = Summary::of(&execs).median;
@@ -382,9 +412,9 @@ pub fn run(counts: Counts) -> Section {
             let sysctl_floor = Summary::of(&floors.iter().map(|f| f.sysctl).collect::<Vec<_>>()).median;
             let reading =
                 |at: usize| phases_at.iter().find(|(i, _)| *i == at).map(|(_, p)| p.clone()).unwrap_or_default();
-            let cpu = |at: usize| cpu_at.iter().find(|(i, _)| *i == at).map_or([Duration::ZERO; 3], |(_, c)| *c);
+            let cpu = |at: usize| cpu_at.iter().find(|(i, _)| *i == at).map_or([Duration::ZERO; 4], |(_, c)| *c);
             let (c0, c1) = (cpu(from), cpu(to));
-            let cpu_per_pod = [0, 1, 2].map(|k| c1[k].saturating_sub(c0[k]) / (to - from).max(1) as u32);
+            let cpu_per_pod = [0, 1, 2, 3].map(|k| c1[k].saturating_sub(c0[k]) / (to - from).max(1) as u32);
             let logged = |k: usize| {
                 let values: Vec<Duration> = (from..to).filter_map(|i| plugin_times.get(&i).map(|t| t[k])).collect();
                 if values.is_empty() {
@@ -400,6 +430,7 @@ pub fn run(counts: Counts) -> Section {
                 ours,
                 ours_add,
                 chain,
+                noop,
                 exec,
                 rules_floor,
                 sysctl_floor,
@@ -533,7 +564,9 @@ fn growth(n: usize, windows: &[Window]) -> String {
          first of each window) one more pod went through the same conflist without istio-cni (bridge + host-local, on the same node, the same \
          /20, at the same pod count) and was removed again (not counted in the throughput): the primary chain's \
          own cost at that size, which grows by itself (host-local reads every allocation file per ADD; the kernel \
-         adds a port to a bridge that has n ports). \"Added\" is the window's median ADD → annotation less that \
+         adds a port to a bridge that has n ports); then one more through the same chain with portmap (no port \
+         mappings: it hands the previous result on at once) after the bridge, in istio-cni's place, whose own \
+         time there is what the node costs any chained plugin the runtime runs after the bridge. \"Added\" is the window's median ADD → annotation less that \
          chain's median: what istio-cni, the node agent and the proxy's ack add. It is split at the ADD's return: \
          inside the ADD (the window's median ADD of our chain less the chain's: istio-cni's exec, its request to \
          the agent and the agent's whole enrollment, answered before the plugin returns), and after it (until the \
@@ -551,12 +584,12 @@ fn growth(n: usize, windows: &[Window]) -> String {
     );
     let _ = writeln!(
         s,
-        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | of which inside the ADD, µs | of which after the ADD returned, µs | the agent's answer, mean µs | istio-cni outside the agent's answer, µs | of which in istio-cni before its request / the request's round trip less the answer, median µs | the answer outside the phases, µs | istio-cni VERSION exec, median µs | rules into an empty netns, median µs | sysctl open in a netns, median µs | CPU per pod: agent / proxy / fake API server and runtime, µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "| pods | ADD → annotation, median µs | chain without istio-cni, median µs | added, µs | of which inside the ADD, µs | of which after the ADD returned, µs | the agent's answer, mean µs | istio-cni outside the agent's answer, µs | of which in istio-cni before its request / the request's round trip less the answer, median µs | the answer outside the phases, µs | a do-nothing plugin in istio-cni's place (portmap, no mappings), its own time, median µs | istio-cni VERSION exec, median µs | rules into an empty netns, median µs | sysctl open in a netns, median µs | CPU per pod: agent / proxy / fake API server and runtime / the kernel's interrupts (all CPUs, irq + softirq), µs | agent phases, mean µs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for w in windows {
         let _ = writeln!(
             s,
-            "| {}–{} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} / {} / {} | {} |",
+            "| {}–{} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} / {} / {} / {} | {} |",
             w.range.0 + 1,
             w.range.1,
             us(w.ours),
@@ -569,12 +602,14 @@ fn growth(n: usize, windows: &[Window]) -> String {
             us(w.plugin_before),
             us(w.plugin_agent.saturating_sub(w.request())),
             us(w.request().saturating_sub(w.phases_sum())),
+            us(w.noop.saturating_sub(w.chain)),
             us(w.exec),
             us(w.rules_floor),
             us(w.sysctl_floor),
             us(w.cpu_per_pod[0]),
             us(w.cpu_per_pod[1]),
             us(w.cpu_per_pod[2]),
+            us(w.cpu_per_pod[3]),
             w.phases_text()
         );
     }
@@ -589,7 +624,8 @@ fn growth(n: usize, windows: &[Window]) -> String {
          - The added cost's growth, pods {}–{n} less pods 1–{}: {} µs; of it, after the ADD {} µs, istio-cni \
          outside the agent's answer {} µs (in its log: before its request {} µs, the round trip less the answer {} \
          µs; the rest is its exec, loading and exit), the answer outside the phases {} µs, the phases {} µs.\n\
-         - The floors, pods {}–{n} against pods 1–{}: a VERSION exec of istio-cni {:.2}×; the rules into an \
+         - The floors, pods {}–{n} against pods 1–{}: a do-nothing plugin in istio-cni's place, its own time {} → \
+         {} µs ({} µs); a VERSION exec of istio-cni {:.2}×; the rules into an \
          empty netns {:.2}× ({} → {} µs); the sysctl open {:.2}× ({} → {} µs).",
         last.range.0 + 1,
         first.range.1,
@@ -609,6 +645,9 @@ fn growth(n: usize, windows: &[Window]) -> String {
         signed_us(last.phases_sum(), first.phases_sum()),
         last.range.0 + 1,
         first.range.1,
+        us(first.noop.saturating_sub(first.chain)),
+        us(last.noop.saturating_sub(last.chain)),
+        signed_us(last.noop.saturating_sub(last.chain), first.noop.saturating_sub(first.chain)),
         ratio(last.exec, first.exec),
         ratio(last.rules_floor, first.rules_floor),
         us(first.rules_floor),
@@ -788,12 +827,13 @@ mod tests {
             ours: Duration::from_millis(20),
             ours_add: Duration::from_millis(19),
             chain: Duration::from_millis(10),
+            noop: Duration::from_millis(12),
             exec: Duration::ZERO,
             rules_floor: Duration::ZERO,
             sysctl_floor: Duration::ZERO,
             plugin_before: Duration::ZERO,
             plugin_agent: Duration::ZERO,
-            cpu_per_pod: [Duration::ZERO; 3],
+            cpu_per_pod: [Duration::ZERO; 4],
             phases: means,
         };
         assert_eq!(window.request(), Duration::from_millis(5));
