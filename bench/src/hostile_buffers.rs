@@ -42,8 +42,8 @@ const RECOVERY_TARGET: f64 = 1.5;
 const NOTES: &str =
     "\nWith the budget off the proxies hold what the HTTP/2 windows and the copy buffers let them (the figures of \
 #33's report: 529 and 348 MiB at 1,500 connections, ztunnel 487 and 356 MiB), and at 3,000 connections the client's \
-proxy still held 949 MiB 10 s after the last close: its tunnels still held 69 MiB of tunnel bytes then (a debug \
-run of this scenario, which prints the count), so some were still ending, and the heap is given back only once \
+proxy still held 949 MiB 10 s after the last close in the run at cfd1a30 (841 MiB at 11f5247): its tunnels still \
+held 69 MiB of tunnel bytes then (a debug run of this scenario, which prints the count), so some were still ending, and the heap is given back only once \
 they hold under 1 MiB. Why they take that long with the budget off is not explained yet. With the budget on, the \
 count was back at 0 on both nodes after every burst. With it on, each node holds at most one pod's share (16 MiB) of tunnel \
 bytes; the rest of the peak is what each connection costs besides buffered bytes (sockets, tasks, HTTP/2 and TLS \
