@@ -4,12 +4,9 @@
 //! proxy's resident memory before the burst, at its peak, and 10 s after the last connection closed.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::apps;
@@ -74,53 +71,6 @@ struct Burst {
     pushed: u64,
 }
 
-/// The non-reading app: accepts `n` connections and holds them until it is told to close them.
-fn hold(listener: TcpListener, n: usize, accepted: Arc<AtomicU64>) -> JoinHandle<Vec<TcpStream>> {
-    std::thread::spawn(move || {
-        let mut held = Vec::with_capacity(n);
-        while held.len() < n {
-            let Ok((stream, _)) = listener.accept() else { break };
-            held.push(stream);
-            accepted.fetch_add(1, Ordering::Relaxed);
-        }
-        held
-    })
-}
-
-/// The client: pushes into every connection while it takes bytes (poll(2) for writability), up to [`PUSH`] each,
-/// until `stop`.
-fn push(conns: Vec<TcpStream>, stop: Arc<AtomicBool>, pushed: Arc<AtomicU64>) -> JoinHandle<Vec<TcpStream>> {
-    std::thread::spawn(move || {
-        let chunk = vec![0x5a_u8; 64 * 1024];
-        let mut left = vec![PUSH; conns.len()];
-        for conn in &conns {
-            conn.set_nonblocking(true).expect("non-blocking");
-        }
-        while !stop.load(Ordering::Relaxed) && left.iter().any(|&l| l > 0) {
-            let mut fds: Vec<nix::libc::pollfd> = conns
-                .iter()
-                .zip(&left)
-                .filter(|(_, &l)| l > 0)
-                .map(|(c, _)| nix::libc::pollfd { fd: c.as_raw_fd(), events: nix::libc::POLLOUT, revents: 0 })
-                .collect();
-            // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
-            unsafe { nix::libc::poll(fds.as_mut_ptr(), fds.len() as nix::libc::nfds_t, 100) };
-            for (i, conn) in conns.iter().enumerate() {
-                while left[i] > 0 {
-                    match (&*conn).write(&chunk[..left[i].min(chunk.len())]) {
-                        Ok(n) => {
-                            left[i] -= n;
-                            pushed.fetch_add(n as u64, Ordering::Relaxed);
-                        }
-                        Err(_) => break,
-                    }
-                }
-            }
-        }
-        conns
-    })
-}
-
 fn burst(pods: &Pods, conns: usize, quick: bool) -> Burst {
     let (stalled, after_wait) = if quick { (QUICK_STALLED, QUICK_AFTER) } else { (STALLED, AFTER) };
     let pids = [pods.nodes[0].proxy.pid(), pods.nodes[1].proxy.pid()];
@@ -128,11 +78,11 @@ fn burst(pods: &Pods, conns: usize, quick: bool) -> Burst {
     let listener = pods.mesh_server.netns.open().expect("server pod").run(|| TcpListener::bind(("0.0.0.0", HOLD_PORT)));
     let listener = listener.expect("enter server pod").expect("bind the hold port");
     let accepted = Arc::new(AtomicU64::new(0));
-    let app = hold(listener, conns, accepted.clone());
+    let app = testbed::hostile_load::hold(listener, conns, accepted.clone());
     let dst = SocketAddr::from((pods.mesh_server.ip(), HOLD_PORT));
     let clients: Vec<TcpStream> = (0..conns).map(|_| apps::connect(&pods.mesh_client.netns, dst)).collect();
     let (stop, pushed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-    let pusher = push(clients, stop.clone(), pushed.clone());
+    let pusher = testbed::hostile_load::push(clients, PUSH, stop.clone(), pushed.clone());
     let mut peak = before;
     let started = Instant::now();
     let (mut last, mut since) = (0, Instant::now());

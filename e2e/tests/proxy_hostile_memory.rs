@@ -10,12 +10,9 @@
 //! - once every connection closed, each proxy's resident memory comes back to at most [`RECOVERY`] times what it
 //!   was before the load (plus [`RECOVERY_SLACK_MIB`] of noise).
 
-use std::io::Write;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use testbed::wait::{eventually, within};
@@ -63,54 +60,6 @@ fn gauge(side: &NodeSide, name: &str) -> u64 {
     support::metric(&side.cluster.node.netns().path(), &format!("{name} ")).unwrap_or(0.0) as u64
 }
 
-/// B's app: accepts `n` connections and holds them without ever reading; yields them, so the test decides when
-/// they close.
-fn hold_app(listener: TcpListener, n: usize, accepted: Arc<AtomicU64>) -> JoinHandle<Vec<TcpStream>> {
-    std::thread::spawn(move || {
-        let mut held = Vec::with_capacity(n);
-        while held.len() < n {
-            let Ok((stream, _)) = listener.accept() else { break };
-            held.push(stream);
-            accepted.fetch_add(1, Ordering::Relaxed);
-        }
-        held
-    })
-}
-
-/// A's load: writes into every connection while it takes bytes, up to [`PUSH`] each, until `stop`; waits for
-/// writability with poll(2). Returns the sockets, so the test closes them.
-fn push(conns: Vec<TcpStream>, stop: Arc<AtomicBool>, pushed: Arc<AtomicU64>) -> JoinHandle<Vec<TcpStream>> {
-    std::thread::spawn(move || {
-        let chunk = vec![0x5a_u8; 64 * 1024];
-        let mut left = vec![PUSH; conns.len()];
-        for conn in &conns {
-            conn.set_nonblocking(true).expect("non-blocking");
-        }
-        while !stop.load(Ordering::Relaxed) && left.iter().any(|&l| l > 0) {
-            let mut fds: Vec<libc::pollfd> = conns
-                .iter()
-                .zip(&left)
-                .filter(|(_, &l)| l > 0)
-                .map(|(c, _)| libc::pollfd { fd: c.as_raw_fd(), events: libc::POLLOUT, revents: 0 })
-                .collect();
-            // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 200) };
-            for (i, conn) in conns.iter().enumerate() {
-                while left[i] > 0 {
-                    match (&*conn).write(&chunk[..left[i].min(chunk.len())]) {
-                        Ok(n) => {
-                            left[i] -= n;
-                            pushed.fetch_add(n as u64, Ordering::Relaxed);
-                        }
-                        Err(_) => break,
-                    }
-                }
-            }
-        }
-        conns
-    })
-}
-
 /// One of C's exchanges with D's echo app: everything sent comes back.
 fn good_exchange(c: &Pod, d_app: SocketAddr, seed: u8) {
     let payload = Payload::new(seed, GOOD);
@@ -149,11 +98,11 @@ fn one_pod_pushing_into_many_non_reading_connections_is_held_to_its_share_and_me
 
     // A's load.
     let accepted = Arc::new(AtomicU64::new(0));
-    let app = hold_app(listen_on(&b, HOLD_PORT), HOSTILE, accepted.clone());
+    let app = testbed::hostile_load::hold(listen_on(&b, HOLD_PORT), HOSTILE, accepted.clone());
     let b_hold = SocketAddr::from((b.ip, HOLD_PORT));
     let conns: Vec<TcpStream> = (0..HOSTILE).map(|_| connect_from(&a, b_hold)).collect();
     let (stop, pushed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-    let pusher = push(conns, stop.clone(), pushed.clone());
+    let pusher = testbed::hostile_load::push(conns, PUSH, stop.clone(), pushed.clone());
     let start = Instant::now();
     let all_accepted = within(start, LOAD_LIMIT, || (accepted.load(Ordering::Relaxed) == HOSTILE as u64).then_some(()));
     assert!(all_accepted.is_some(), "B's app accepted {} of {HOSTILE} connections", accepted.load(Ordering::Relaxed));

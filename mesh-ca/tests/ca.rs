@@ -74,7 +74,12 @@ fn state_of(manager: &CertificateManager, identity: &Identity) -> String {
 }
 
 async fn wait_state(manager: &CertificateManager, identity: &Identity, prefix: &str) -> String {
-    let deadline = tokio::time::Instant::now() + testing::WAIT;
+    wait_state_within(manager, identity, prefix, testing::WAIT).await
+}
+
+/// [`wait_state`] with a deadline of its own (tokio's clock: virtual in the paused tests).
+async fn wait_state_within(manager: &CertificateManager, identity: &Identity, prefix: &str, limit: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         let state = state_of(manager, identity);
         if state.starts_with(prefix) {
@@ -279,8 +284,7 @@ async fn an_identity_without_a_pod_on_the_node_shows_the_signing_error() {
     assert!(err.to_string().contains("request impersonation authentication failure"), "{err}");
     // Once a pod of that identity lands on the node, the retry succeeds.
     ca.add_pod(pod("other", "remote-1", "remote", NODE));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(state_of(&manager, &remote), "Available");
+    assert_eq!(wait_state(&manager, &remote, "Available").await, "Available");
     assert!(manager.certificate(&remote).await.is_ok());
 }
 
@@ -388,8 +392,7 @@ async fn a_failing_refresh_backs_off_and_keeps_the_valid_certificate_until_it_ex
 
     // istiod accepts again: the next retry (at most 150 s × 1.2 later) restores the certificate.
     ca.add_pod(pod("default", "bookinfo-2", "bookinfo", NODE));
-    tokio::time::sleep(Duration::from_secs(181)).await;
-    assert_eq!(state_of(&manager, &bookinfo), "Available");
+    assert_eq!(wait_state_within(&manager, &bookinfo, "Available", Duration::from_secs(181)).await, "Available");
     assert_ne!(manager.certificate(&bookinfo).await.unwrap().serial(), held.serial());
 }
 

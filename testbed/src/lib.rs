@@ -8,6 +8,7 @@ pub mod bins;
 pub mod chart;
 pub mod fleet;
 pub mod hbone_proxy;
+pub mod hostile_load;
 pub mod http;
 pub mod install_cni;
 pub mod istio_agent;
