@@ -31,6 +31,21 @@ const ISTIO_RSS_TARGET: f64 = 0.5;
 const CPU_WINDOW: usize = 50;
 /// How long a whole-node convergence may take before the run is declared broken.
 const LIMIT: Duration = Duration::from_secs(300);
+/// `NODE_SCALE_IPV6=off` turns IPv6 off on the test node and in its pods (see `testbed::Node::turn_off_ipv6`):
+/// without the IPv6 link-local traffic every new bridge port floods to the others, the kernel's work per pod no
+/// longer grows with the pods on the bridge, and what is left of the growth is the setup path's own.
+fn ipv6_off() -> bool {
+    std::env::var("NODE_SCALE_IPV6").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
+}
+
+/// Starts our node for a node-scale run, IPv6 off on it when [`ipv6_off`].
+fn ambient_node() -> AmbientNode {
+    let node = AmbientNode::start(RuleBackend::Nftables, Some(SUBNET));
+    if ipv6_off() {
+        node.cluster.node.turn_off_ipv6();
+    }
+    node
+}
 
 /// What #31 measured and changed in the proxy at scale (written by hand: its figures are from runs against the
 /// build before it, see the text).
@@ -298,7 +313,7 @@ impl Window {
 pub fn run(counts: Counts) -> Section {
     let n = counts.iterations;
     let load_start = Load::sample();
-    let mut node = AmbientNode::start(RuleBackend::Nftables, Some(SUBNET));
+    let mut node = ambient_node();
     // Our proxy's RSS is read below; the node is dropped before Istio's runs.
     let (agent0, proxy0) = (rss_kib(node.agent.pid()), rss_kib(node.proxy.pid()));
     // The same conflist (the same /20) without istio-cni.
@@ -476,7 +491,8 @@ pub fn run(counts: Counts) -> Section {
          native nftables rules), each until its annotation was visible and the real hbone-proxy ran its \
          listeners. RSS from `/proc/<pid>/status`, threads from `/proc/<pid>/task`, CPU (user + system) from \
          `/proc/<pid>/stat` (10 ms ticks). Restart figures: the agent is SIGKILLed and started again with \
-         a process running in every pod (found through `/proc`); the proxy is killed and started again.\n"
+         a process running in every pod (found through `/proc`); the proxy is killed and started again.{}\n",
+        if ipv6_off() { " IPv6 off on the node and in every pod (`NODE_SCALE_IPV6=off`)." } else { "" }
     );
     let _ = writeln!(body, "| figure | value |\n|---|---:|");
     let rows = [
@@ -672,7 +688,7 @@ struct Concurrent {
 
 /// `n` pods on a fresh node, [`CONCURRENT`] workers each adding its share one after the other.
 fn concurrent_run(n: usize) -> Concurrent {
-    let node = AmbientNode::start(RuleBackend::Nftables, Some(SUBNET));
+    let node = ambient_node();
     let start = Instant::now();
     let (pods, latencies): (Vec<_>, Vec<_>) = std::thread::scope(|scope| {
         let node = &node;

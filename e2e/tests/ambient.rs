@@ -352,3 +352,41 @@ fn a_reroute_virtual_interfaces_annotation_holding_a_rule_or_16_bytes_fails_add_
         assert!(dump.contains("abcdefghijklmno"), "{backend:?}: the 15-byte name is missing:\n{dump}");
     });
 }
+
+#[test]
+fn a_pod_with_ipv6_off_is_enrolled_with_ipv4_routing_only_and_its_rules_read_back_whole() {
+    // IPv4-only nodes often turn IPv6 off (`disable_ipv6`) in the node and in every pod. The agent's settings keep
+    // their default (IPv6 on), so the pod's plan has IPv6 rules; the loopback cannot take an IPv6 route there, and
+    // adding it used to refuse the pod (EACCES). As Istio's agent, ours leaves IPv6 routing out in such a pod.
+    on_every_backend(|backend, c, peer| {
+        c.node.turn_off_ipv6();
+        let pod = run(c, &ambient_pod(NS, "web"));
+        assert_eq!(redirection(c, NS, "web").as_deref(), Some("enabled"), "{backend:?}: the pod is enrolled");
+        assert_eq!(pod.netns.exec_ok(&["cat", "/proc/sys/net/ipv6/conf/lo/disable_ipv6"]).trim(), "1");
+
+        // Redirected as any pod: its outbound lands on the proxy's 15001.
+        let db = run(c, &plain_pod(NS, "db"));
+        let proxy = testbed::tcp::listen_in(peer.netns(&uid(c, NS, "web")), ports::OUTBOUND, false);
+        pod.netns.connect_tcp(SocketAddr::V4(v4(db.ip, APP_PORT)), None).expect("app connects");
+        assert_eq!(proxy.accepted().original_dst, Some(v4(db.ip, APP_PORT)), "{backend:?}: redirected");
+
+        // IPv4 connmark routing in place, no IPv6 routing.
+        let v4_routes = pod.netns.exec_ok(&["ip", "-4", "route", "show", "table", "100"]);
+        assert!(v4_routes.contains("local default dev lo"), "{backend:?}: {v4_routes}");
+        let v6_routes = pod.netns.exec(&["ip", "-6", "route", "show", "table", "100"]);
+        assert!(String::from_utf8_lossy(&v6_routes.stdout).trim().is_empty(), "{backend:?}: {v6_routes:?}");
+
+        // The agent reads the pod's rules back as it programmed them: no drift reported (so none repaired).
+        let (status, body) =
+            testbed::http::get(&c.node.netns().path(), ports::CNI_ADMIN, &format!("/debug/pods/{NS}/web"))
+                .expect("the admin port answers");
+        assert_eq!(status, 200, "{body}");
+        let report: Value = serde_json::from_str(&body).expect("a JSON report");
+        assert_eq!(report["verdict"], "in mesh (ambient)", "{backend:?}: {report:#}");
+        assert_eq!(report["rules"]["expected"], report["rules"]["found"], "{backend:?}: {report:#}");
+        let routing: Vec<&str> =
+            report["rules"]["expected"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        assert!(routing.contains(&"ipv4 route local default dev lo table 100"), "{routing:?}");
+        assert!(!routing.iter().any(|l| l.starts_with("ipv6 route")), "{routing:?}");
+    });
+}

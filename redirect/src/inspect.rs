@@ -371,14 +371,18 @@ fn with_routing<E>(report: RuleReport, netns: &Netns, plan: &AmbientPlan) -> Res
 where
     E: From<routing::RoutingError> + From<netns::NetnsError>,
 {
-    let found = netns.run(|| routing::read_fwmark(plan.routes.fwmark_rule(), &plan.families()))??;
-    Ok(report.extended(expected_routing(plan), found_routing(plan.routes.fwmark_rule(), &found)))
+    let (families, found) = netns.run(|| {
+        let families = routing::usable_families(&plan.families());
+        routing::read_fwmark(plan.routes.fwmark_rule(), &families).map(|found| (families, found))
+    })??;
+    Ok(report.extended(expected_routing(plan, &families), found_routing(plan.routes.fwmark_rule(), &found)))
 }
 
-/// The connmark routing lines `plan` programs, per family: its rule, then its table's local default route.
-fn expected_routing(plan: &AmbientPlan) -> Vec<String> {
+/// The connmark routing lines `plan` programs in `families` (the plan's, less IPv6 where the pod's loopback has it
+/// off), per family: its rule, then its table's local default route.
+fn expected_routing(plan: &AmbientPlan, families: &[Family]) -> Vec<String> {
     let rule = plan.routes.fwmark_rule();
-    plan.families().into_iter().flat_map(|f| [rule_line(f, rule), local_default_line(f, rule.table)]).collect()
+    families.iter().flat_map(|&f| [rule_line(f, rule), local_default_line(f, rule.table)]).collect()
 }
 
 /// The connmark routing lines found, in the order of [`expected_routing`]: rules by priority, then the table's
@@ -541,7 +545,7 @@ mod tests {
     fn lost_or_changed_connmark_routing_is_drift() {
         let plan = ambient::build(&ambient::InpodConfig::default());
         let planned = plan.routes.fwmark_rule();
-        let expected = expected_routing(&plan);
+        let expected = expected_routing(&plan, &plan.families());
         assert_eq!(
             expected,
             ["ipv4 rule fwmark 0x111/0xfff pref 32764 lookup 100", "ipv4 route local default dev lo table 100"]

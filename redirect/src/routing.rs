@@ -221,9 +221,12 @@ async fn add_tproxy_routes(handle: &Handle, routes: TproxyRoutes, families: &[Fa
 /// Adds (`add: true`) or deletes `ip rule fwmark MARK/MASK pref PRIORITY lookup TABLE` and `ip route local default
 /// dev lo table TABLE` for `families` in the calling thread's netns (an ambient pod's connmark routing). Adding
 /// what exists and deleting what is missing are both fine.
+///
+/// IPv6 is left out where the netns's loopback has it off ([`usable_families`]): its routes cannot be added there.
 pub(crate) fn program_fwmark(rule: FwmarkRule, families: &[Family], add: bool) -> Result<(), RoutingError> {
+    let families = usable_families(families);
     with_handle(|handle| async move {
-        for &family in families {
+        for family in families {
             if add {
                 add_fwmark(&handle, rule, family).await?;
             } else {
@@ -270,6 +273,17 @@ async fn del_fwmark(handle: &Handle, rule: FwmarkRule, family: Family) -> Result
     route.header.protocol = RouteProtocol::Unspec;
     let res = handle.route().del(route).execute().await;
     tolerate_missing(res).map_err(err(route_text(rule)))
+}
+
+/// The kernel's switch for IPv6 on the loopback interface, read in the calling thread's netns.
+const LOOPBACK_IPV6_OFF: &str = "/proc/sys/net/ipv6/conf/lo/disable_ipv6";
+
+/// `families` less IPv6 when the calling thread's netns cannot route it on its loopback: IPv6 turned off there
+/// (`disable_ipv6` = 1, as on nodes that run IPv4 only) or absent from the kernel (no such sysctl). Istio's agent
+/// skips its IPv6 loopback route in the same case; adding it would fail (EACCES) and refuse the pod.
+pub(crate) fn usable_families(families: &[Family]) -> Vec<Family> {
+    let ipv6 = || std::fs::read_to_string(LOOPBACK_IPV6_OFF).is_ok_and(|v| v.trim() != "1");
+    families.iter().copied().filter(|&f| f == Family::V4 || ipv6()).collect()
 }
 
 /// An ambient pod's connmark routing in one family, as the netns holds it.

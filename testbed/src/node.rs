@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -31,7 +31,12 @@ pub struct Node {
     dir: TempDir,
     subnet: (u8, u8),
     runtime: Runtime,
+    /// Whether new pod netns get IPv6 turned off ([`Node::turn_off_ipv6`]).
+    ipv6_off: AtomicBool,
 }
+
+/// The sysctls that turn IPv6 off in a netns, for its existing and its future interfaces.
+const IPV6_OFF: [&str; 2] = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"];
 
 impl Node {
     /// Creates the node netns and dirs and populates the bin dir. Panics on failure (test setup).
@@ -54,7 +59,7 @@ impl Node {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let subnet = (100 + (std::process::id() % 100) as u8, n as u8);
         let runtime = Runtime::new(vec![bin], dir.path().join("cache")).in_netns(netns.path());
-        Self { netns, dir, subnet, runtime }
+        Self { netns, dir, subnet, runtime, ipv6_off: AtomicBool::new(false) }
     }
 
     /// The node's network namespace (where the bridge lives).
@@ -124,9 +129,22 @@ impl Node {
         podman
     }
 
-    /// A fresh, empty pod netns (not attached to anything).
+    /// A fresh, empty pod netns (not attached to anything); IPv6 is off in it after [`Node::turn_off_ipv6`].
     pub fn pod_netns(&self) -> NetnsGuard {
-        NetnsGuard::new("pod")
+        let netns = NetnsGuard::new("pod");
+        if self.ipv6_off.load(Ordering::Relaxed) {
+            netns.exec_ok(&[&["sysctl", "-q", "-w"][..], &IPV6_OFF[..]].concat());
+        }
+        netns
+    }
+
+    /// Turns IPv6 off in the node netns (the bridge and the host ends of the veths made from now on) and in every
+    /// pod netns made from now on. Without it, every new bridge port's IPv6 duplicate-address detection and
+    /// multicast-listener reports are flooded to every other port: kernel work per pod that grows with the pods
+    /// already on the bridge (the node-scale benchmark measures our cost with and without it).
+    pub fn turn_off_ipv6(&self) {
+        self.netns.exec_ok(&[&["sysctl", "-q", "-w"][..], &IPV6_OFF[..]].concat());
+        self.ipv6_off.store(true, Ordering::Relaxed);
     }
 
     /// Runs CNI ADD for a new pod `namespace/name` with the node's conflist plus `extra_plugins`, with the
