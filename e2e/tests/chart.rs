@@ -20,6 +20,7 @@ use testbed::chart::{self, accepted_env, list, output, Rendered, KUBE_VERSION};
 const PLATFORMS: [&str; 6] = ["k3s", "k3d", "microk8s", "minikube", "openshift", "gke"];
 const AMBIENT: &str = "cni.ambient.enabled=true";
 const PROXY: &str = "proxy.enabled=true";
+const ISTIOD: &str = "proxy.controlPlane=istiod";
 const REPAIR_DELETE: &str = "cni.repair.deletePods=true";
 const REPAIR_LABEL: &str = "cni.repair.labelPods=true";
 const NO_REPAIR_IN_PLACE: &str = "cni.repair.repairPods=false";
@@ -30,6 +31,7 @@ fn cases() -> Vec<(String, Vec<String>)> {
         ("default".to_owned(), vec![]),
         ("ambient".to_owned(), vec![AMBIENT.to_owned()]),
         ("proxy".to_owned(), vec![AMBIENT.to_owned(), PROXY.to_owned()]),
+        ("proxy-istiod".to_owned(), vec![AMBIENT.to_owned(), PROXY.to_owned(), ISTIOD.to_owned()]),
         ("repair-sidecar-only".to_owned(), vec![REPAIR_DELETE.to_owned(), NO_REPAIR_IN_PLACE.to_owned()]),
         // Istio's install command, and the templates Istio has that are off by default.
         ("profile-ambient".to_owned(), vec!["profile=ambient".to_owned()]),
@@ -466,7 +468,7 @@ fn required_env(binary: &str) -> &'static [&'static str] {
             "PROBE_SELFTEST_INTERVAL",
             "LOG_LEVEL",
         ],
-        "hbone-proxy" => &["INPOD_UDS", "TRUST_DOMAIN", "CA_DIR", "LOG_LEVEL"],
+        "hbone-proxy" => &["INPOD_UDS", "TRUST_DOMAIN", "CONTROL_PLANE", "LOG_LEVEL"],
         other => panic!("no container should run {other}"),
     }
 }
@@ -548,6 +550,52 @@ fn proxy_mounts_the_ztunnel_dir_and_the_cacerts_secret_at_its_ca_dir() {
     assert_eq!(volume(&r, "hbone-proxy", mount["name"].as_str().unwrap())["secret"]["secretName"], "cacerts");
     assert!(list(&c["volumeMounts"]).iter().any(|m| m["mountPath"] == "/var/run/ztunnel"));
     assert!(r.find("Secret", "cacerts").is_none(), "the CA Secret is the operator's unless selfSignedCA is on");
+}
+
+#[test]
+fn proxy_with_istiod_gets_ztunnels_addresses_token_and_root_and_no_ca_secret_or_pod_watch() {
+    let (_, r) = render(&[AMBIENT.to_owned(), PROXY.to_owned(), ISTIOD.to_owned()]);
+    let c = r.container("hbone-proxy", "hbone-proxy").unwrap();
+    assert_eq!(r.env_value(c, "CONTROL_PLANE").as_deref(), Some("istiod"));
+    // ztunnel chart's defaults: istiod's Service in istio-system, for both.
+    for name in ["XDS_ADDRESS", "CA_ADDRESS"] {
+        assert_eq!(r.env_value(c, name).as_deref(), Some("istiod.istio-system.svc:15012"), "{name}");
+    }
+    assert_eq!(r.env_value(c, "CA_DIR"), None, "no local CA");
+    let names = r.env_names(c);
+    for name in ["POD_NAME", "POD_NAMESPACE", "NODE_NAME", "INSTANCE_IP"] {
+        assert!(names.contains(name), "{name} (the node id ztunnel sends): {names:?}");
+    }
+    // The token (audience istio-ca) and istiod's root, where the xDS and CA settings look by default.
+    let mounts = list(&c["volumeMounts"]);
+    let mounted = |path: &str| {
+        let mount = mounts.iter().find(|m| m["mountPath"] == path).unwrap_or_else(|| panic!("nothing at {path}"));
+        volume(&r, "hbone-proxy", mount["name"].as_str().unwrap())
+    };
+    let token = mounted("/var/run/secrets/tokens");
+    let projected = &token["projected"]["sources"][0]["serviceAccountToken"];
+    assert_eq!((projected["audience"].as_str(), projected["path"].as_str()), (Some("istio-ca"), Some("istio-token")));
+    assert_eq!(mounted("/var/run/secrets/istio")["configMap"]["name"], "istio-ca-root-cert");
+    assert!(!mounts.iter().any(|m| m["mountPath"] == "/etc/cacerts"), "no CA secret mounted");
+    assert!(r.find("ClusterRole", "hbone-proxy").is_none(), "istiod sends the workloads: no pod watch");
+
+    // Another revision, namespace or explicit address, and ztunnel's account in place of ours.
+    let (_, r) = render(&[
+        AMBIENT.to_owned(),
+        PROXY.to_owned(),
+        ISTIOD.to_owned(),
+        "proxy.revision=canary".to_owned(),
+        "proxy.istioNamespace=mesh".to_owned(),
+        "proxy.caAddress=ca.example:15012".to_owned(),
+        "proxy.serviceAccountName=ztunnel".to_owned(),
+    ]);
+    let c = r.container("hbone-proxy", "hbone-proxy").unwrap();
+    assert_eq!(r.env_value(c, "XDS_ADDRESS").as_deref(), Some("istiod-canary.mesh.svc:15012"));
+    assert_eq!(r.env_value(c, "CA_ADDRESS").as_deref(), Some("ca.example:15012"));
+    assert_eq!(r.pod_spec("hbone-proxy")["serviceAccountName"], "ztunnel");
+    assert!(r.find("ServiceAccount", "ztunnel").is_some());
+    let err = chart::template(&[AMBIENT, PROXY, "proxy.controlPlane=pilot"]).expect_err("an unknown control plane");
+    assert!(err.contains("/proxy/controlPlane"), "{err}");
 }
 
 #[test]

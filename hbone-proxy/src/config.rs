@@ -26,6 +26,21 @@ pub enum MtlsMode {
     Strict,
 }
 
+/// Where the proxy takes its workloads, authorization policies and certificates from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "lowercase")]
+pub enum ControlPlane {
+    /// Certificates minted by the proxy's own mesh CA (`CA_DIR`, or self-signed in `STATE_DIR`); workloads from
+    /// the Kubernetes API (`KUBE_WORKLOADS`) and `LOCAL_WORKLOADS`; no authorization policies.
+    Local,
+    /// As ztunnel in an Istio ambient mesh: workloads and authorization policies from istiod over Delta xDS
+    /// (`XDS_ADDRESS`), certificates from istiod's CA (`CA_ADDRESS`), authenticated with the projected token
+    /// (`AUTH_TOKEN`, default `/var/run/secrets/tokens/istio-token`) against the mesh root (`XDS_ROOT_CA`,
+    /// `CA_ROOT_CA`, default `/var/run/secrets/istio/root-cert.pem`); ztunnel's variable names throughout.
+    /// `KUBE_WORKLOADS`, `CA_DIR` and `STATE_DIR` are not used.
+    Istiod,
+}
+
 /// Everything the proxy is told at startup.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "hbone-proxy", about = "HBONE node proxy for ambient pods")]
@@ -33,6 +48,10 @@ pub struct Config {
     /// The node agent's ZDS socket.
     #[arg(long, env = "INPOD_UDS", default_value = istio_contract::paths::ZDS_SOCKET)]
     pub inpod_uds: PathBuf,
+    /// Where workloads, policies and certificates come from: `local` (the proxy's own CA and the Kubernetes API) or
+    /// `istiod` (xDS and istiod's CA, as ztunnel).
+    #[arg(long, env = "CONTROL_PLANE", value_enum, default_value = "local", ignore_case = true)]
+    pub control_plane: ControlPlane,
     /// The mesh trust domain: local identities are minted in it and peers must belong to it.
     #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
     pub trust_domain: String,
@@ -93,6 +112,9 @@ pub struct Config {
     /// bytes never leave the node's kernel. `false` sends it over HBONE to the peer's 15008, as between nodes.
     #[arg(long, env = "SAME_NODE_FAST_PATH", default_value_t = true, action = ArgAction::Set)]
     pub same_node_fast_path: bool,
+    /// With `CONTROL_PLANE=istiod`: where istiod is and who the proxy is, in ztunnel's variables.
+    #[command(flatten)]
+    pub istiod: IstiodArgs,
     /// Port of the admin endpoint (`/config_dump`) on 127.0.0.1.
     #[arg(long, env = "ADMIN_PORT", default_value_t = ports::ADMIN)]
     pub admin_port: u16,
@@ -100,6 +122,76 @@ pub struct Config {
     /// ports as defaults.
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// istiod's endpoints and the proxy's own identity for them, in ztunnel's variables (`CONTROL_PLANE=istiod`). Read
+/// by the `xds` and `mesh-ca` settings, which also take `XDS_HEADER_*`, `CA_HEADER_*` and `ISTIO_META_*`; a flag
+/// given here wins over its variable.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "istiod (CONTROL_PLANE=istiod)")]
+pub struct IstiodArgs {
+    /// istiod's xDS address (`host:port`, https); default `istiod.istio-system.svc:15012` in a pod.
+    #[arg(long, env = "XDS_ADDRESS")]
+    pub xds_address: Option<String>,
+    /// istiod's CA address; default as `XDS_ADDRESS`.
+    #[arg(long, env = "CA_ADDRESS")]
+    pub ca_address: Option<String>,
+    /// The root certificate istiod's xDS serving certificate chains to: a PEM file, inline PEM, or `SYSTEM`;
+    /// default `/var/run/secrets/istio/root-cert.pem`.
+    #[arg(long, env = "XDS_ROOT_CA")]
+    pub xds_root_ca: Option<String>,
+    /// The same for the CA; its roots are also the mesh roots peers must chain to.
+    #[arg(long, env = "CA_ROOT_CA")]
+    pub ca_root_ca: Option<String>,
+    /// The name istiod's serving certificate is checked against, when it is not the address's host.
+    #[arg(long, env = "ALT_XDS_HOSTNAME")]
+    pub alt_xds_hostname: Option<String>,
+    /// The same for the CA.
+    #[arg(long, env = "ALT_CA_HOSTNAME")]
+    pub alt_ca_hostname: Option<String>,
+    /// The bearer token for istiod (a file, re-read per call, or the token); default
+    /// `/var/run/secrets/tokens/istio-token`.
+    #[arg(long, env = "AUTH_TOKEN")]
+    pub auth_token: Option<String>,
+    /// The proxy's pod name (its node id).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// The proxy's pod namespace (its node id).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// The node the proxy serves: istiod sends the workloads of the whole mesh, and certificates only for pods on it.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The proxy's pod IP (its node id).
+    #[arg(long, env = "INSTANCE_IP")]
+    pub instance_ip: Option<String>,
+}
+
+impl IstiodArgs {
+    /// The variables the `xds` and `mesh-ca` settings read: the process environment, with each setting given here
+    /// (flag or variable) in place of its variable.
+    pub fn environment(&self) -> std::collections::BTreeMap<String, String> {
+        let mut env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+        let given = [
+            ("XDS_ADDRESS", &self.xds_address),
+            ("CA_ADDRESS", &self.ca_address),
+            ("XDS_ROOT_CA", &self.xds_root_ca),
+            ("CA_ROOT_CA", &self.ca_root_ca),
+            ("ALT_XDS_HOSTNAME", &self.alt_xds_hostname),
+            ("ALT_CA_HOSTNAME", &self.alt_ca_hostname),
+            ("AUTH_TOKEN", &self.auth_token),
+            ("POD_NAME", &self.pod_name),
+            ("POD_NAMESPACE", &self.pod_namespace),
+            ("NODE_NAME", &self.node_name),
+            ("INSTANCE_IP", &self.instance_ip),
+        ];
+        for (name, value) in given {
+            if let Some(value) = value {
+                env.insert(name.to_owned(), value.clone());
+            }
+        }
+        env
+    }
 }
 
 impl Config {
@@ -158,6 +250,9 @@ mod tests {
         assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
         assert_eq!(config.hbone_server_idle_timeout, hbone::server::DEFAULT_IDLE_TIMEOUT);
         assert!(config.same_node_fast_path, "the same-node fast path is on by default");
+        assert_eq!(config.control_plane, ControlPlane::Local, "istiod is chosen, not assumed");
+        assert_eq!(parse(&["--control-plane", "ISTIOD"]).unwrap().control_plane, ControlPlane::Istiod);
+        assert!(parse(&["--control-plane", "pilot"]).is_err());
         let budget = memory::budget(config.buffer_budget_mib, config.buffer_budget_per_pod_mib);
         assert_eq!((budget.limit(), budget.share()), (64 << 20, 16 << 20));
         assert_eq!(parse(&["--buffer-budget-mib", "0"]).unwrap().buffer_budget_mib, 0, "0 turns the budget off");

@@ -9,6 +9,8 @@
 //!   handshake); anything else takes the ordinary path and fails or succeeds there as before;
 //! - not to a port HBONE refuses as a target (the proxy's own, [`hbone::server::ILLEGAL_TARGET_PORTS`]): those
 //!   take HBONE too, and get its refusal;
+//! - istiod's authorization policies of the server pod are checked as over HBONE, with the client pod's enrolled
+//!   identity: a denied connection is reset (over HBONE the client's proxy gets 401 and resets it too);
 //! - `MTLS_MODE=STRICT` and `requireMtls` refuse plaintext only, and this is not plaintext: the client's identity
 //!   is the one the proxy enrolled its pod as (the identity its certificate would prove);
 //! - both sides are recorded, as over HBONE: the client pod's outbound series (`reporter="source"`) and the server
@@ -57,6 +59,11 @@ pub async fn carry(
     let started = Instant::now();
     let metrics = &source.mesh.metrics;
     let client_identity = source.cert().identity().clone();
+    // The server pod's policies, as over HBONE (where they would answer 401): the app's connection is reset.
+    if !server.admits(Some(&client_identity), peer.ip(), dst) {
+        crate::sockets::reset(app);
+        return;
+    }
     let outbound =
         TrafficLabels::outbound(source.peer(), Peer::listed(destination, &source.mesh.cluster_id), Security::SameNode);
     let (directory, cluster) = (&server.mesh.directory, &server.mesh.cluster_id);

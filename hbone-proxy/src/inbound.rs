@@ -39,7 +39,12 @@ impl ConnectHandler for ToApp {
     fn connect(&self, req: &InboundRequest) -> impl std::future::Future<Output = Result<TcpStream, StatusCode>> + Send {
         let (pod, authority, source) = (self.pod.clone(), req.authority, req.peer.ip());
         let labels = self.labels(req);
+        // As ztunnel: a connection istiod's policies deny gets 401 before anything is connected for it.
+        let admitted = pod.admits(Some(&req.peer_identity), source, authority);
         async move {
+            if !admitted {
+                return Err(StatusCode::UNAUTHORIZED);
+            }
             pod.mesh.metrics.opened(&labels);
             sockets::connect_in(&pod.netns, authority, Some(source)).await.map_err(|error| {
                 tracing::info!(uid = %pod.uid, %authority, %source, %error, "HBONE target unreachable");
@@ -166,6 +171,9 @@ pub async fn plaintext(pod: Arc<PodContext>, client: TcpStream, peer: SocketAddr
     let result = if pod.mesh.mtls_mode == MtlsMode::Strict {
         sockets::reset(client);
         Err("plaintext refused: MTLS_MODE=STRICT".to_owned())
+    } else if !pod.admits(None, peer.ip(), dst) {
+        sockets::reset(client);
+        Err("plaintext refused: authorization policy".to_owned())
     } else {
         let metrics = &pod.mesh.metrics;
         let source = Peer::plaintext_client(&pod.mesh.directory, &pod.mesh.cluster_id, peer.ip());

@@ -5,6 +5,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "runtime")]
+pub mod authorization;
 pub mod directory;
 
 /// The DNS forwarder's parts that need no runtime; the forwarder itself is the binary's `dns` module.

@@ -3,6 +3,7 @@
 
 mod admin;
 mod config;
+mod control_plane;
 mod dns;
 mod fast_path;
 mod heap;
@@ -29,10 +30,11 @@ use hbone::{MeshCa, MeshTls};
 // The workload directory lives in the library (the fuzz targets build its parser too); `crate::directory` is it.
 use hbone_proxy::directory;
 
-use crate::config::Config;
+use crate::config::{Config, ControlPlane};
 use crate::directory::Directory;
-use crate::mesh::Mesh;
+use crate::mesh::{Certificates, Mesh};
 use crate::workloads::Workloads;
+use hbone_proxy::authorization::Policies;
 
 /// The host's resolver configuration: the DNS upstreams when `DNS_UPSTREAMS` is not set.
 const RESOLV_CONF: &str = "/etc/resolv.conf";
@@ -45,24 +47,42 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     if let Err(param) = heap::keep_transfer_buffers() {
         tracing::warn!(param, "glibc refused a heap threshold; bulk transfers fault their buffers in afresh");
     }
-    let ca = match &config.ca_dir {
-        Some(dir) => MeshCa::load(dir).context("loading the mesh CA")?,
-        None => MeshCa::load_or_create(&config.state_dir, &config.trust_domain).context("self-signed mesh CA")?,
-    }
-    .with_leaf_lifetime(config.secret_ttl);
-    let tls = MeshTls::new(&config.trust_domain, ca.roots()).context("mesh TLS policy")?;
     let directory = Directory::new(&config.trust_domain);
+    let policies = Policies::default();
     // Kept alive for the life of the process: dropping it stops the reloads.
     let _local_watch = match &config.local_workloads {
         Some(path) => Some(directory::local_file::watch(path, directory.clone())?),
         None => None,
     };
     let (listed_tx, listed) = tokio::sync::oneshot::channel();
-    if config.kube_workloads {
-        tokio::spawn(directory::kube_source::watch_inferred(directory.clone(), listed_tx));
-    } else {
-        let _ = listed_tx.send(());
-    }
+    let (certificates, tls, source) = match config.control_plane {
+        ControlPlane::Local => {
+            let ca = match &config.ca_dir {
+                Some(dir) => MeshCa::load(dir).context("loading the mesh CA")?,
+                None => {
+                    MeshCa::load_or_create(&config.state_dir, &config.trust_domain).context("self-signed mesh CA")?
+                }
+            }
+            .with_leaf_lifetime(config.secret_ttl);
+            let tls = MeshTls::new(&config.trust_domain, ca.roots()).context("mesh TLS policy")?;
+            if config.kube_workloads {
+                tokio::spawn(directory::kube_source::watch_inferred(directory.clone(), listed_tx));
+            } else {
+                let _ = listed_tx.send(());
+            }
+            (
+                Certificates::Local(Arc::new(ca)),
+                tls,
+                ("kubernetes", "waiting for the first list of pods from the API server"),
+            )
+        }
+        ControlPlane::Istiod => {
+            let env = config.istiod.environment();
+            let (manager, tls) = control_plane::certificates(&env, &config.trust_domain)?;
+            control_plane::watch(&env, directory.clone(), policies.clone(), listed_tx)?;
+            (Certificates::Istiod(manager), tls, ("istiod", "waiting for istiod's first workloads and policies"))
+        }
+    };
     let metrics = ctx.probes.with_registry(metrics::Metrics::register);
     let buffers = memory::budget(config.buffer_budget_mib, config.buffer_budget_per_pod_mib);
     ctx.probes.with_registry(|registry| memory::register(registry, &buffers));
@@ -74,7 +94,8 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     tracing::info!(upstreams = ?dns.addrs(), "DNS forwarder upstreams");
     let deadline = config.common.termination_deadline;
     let mesh = Arc::new(Mesh {
-        ca,
+        certificates,
+        policies,
         tls,
         directory,
         dns,
@@ -89,6 +110,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         local_pods: mesh::LocalPods::default(),
     });
     tracing::info!(
+        control_plane = ?config.control_plane,
         mode = ?config.mtls_mode,
         secret_ttl = ?config.secret_ttl,
         same_node_fast_path = config.same_node_fast_path,
@@ -102,10 +124,11 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         .with_context(|| format!("the admin port 127.0.0.1:{}", config.admin_port))?;
     // From here on, the workloads' own blocker tells readiness.
     ctx.startup.clear();
-    // Fail closed: until the pods are listed, a mesh destination would look like one outside the mesh and its
-    // traffic would leave in plaintext. So no pod is taken from the agent before then: their outbound connections
-    // find no listener (refused), and the agent's ADDs wait for a proxy, as when none runs.
-    let waiting = ctx.probes.blocker("kubernetes", "waiting for the first list of pods from the API server");
+    // Fail closed: until the workloads are listed (pods from the API server, or istiod's first answer), a mesh
+    // destination would look like one outside the mesh and its traffic would leave in plaintext. So no pod is taken
+    // from the agent before then: their outbound connections find no listener (refused), and the agent's ADDs wait
+    // for a proxy, as when none runs.
+    let waiting = ctx.probes.blocker(source.0, source.1);
     let mut shutdown = std::pin::pin!(ctx.shutdown);
     tokio::select! {
         _ = listed => {}

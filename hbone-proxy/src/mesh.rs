@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use daemon::drain::DrainWatcher;
 use hbone::{Baggage, ConnectionCaps, ConnectionLimiter, Identity, MeshCa, MeshTls, Pool, WorkloadCert};
+use hbone_proxy::authorization::{Connection, Denied, Governed, Policies};
+use mesh_ca::manager::CertificateManager;
 use tokio::sync::Semaphore;
 
 use crate::config::{Config, MtlsMode};
@@ -30,12 +32,28 @@ use crate::ratelimit::{RateLimitedLog, REFUSAL_LOG_INTERVAL};
 use crate::sockets::PodNetns;
 use crate::traffic::Peer;
 
-/// Shared by all pod proxies of the node: the CA that mints pod certificates, the mesh TLS policy, the workload
-/// directory, the DNS upstreams, the inbound HBONE limits, the enrolled pods and the metrics.
+/// Where the pods' workload certificates come from (`CONTROL_PLANE`).
+#[derive(Debug)]
+pub enum Certificates {
+    /// Minted here, by the mesh CA from `CA_DIR` or the self-signed one in `STATE_DIR`.
+    Local(Arc<MeshCa>),
+    /// Issued by istiod's CA on the pods' behalf (impersonation), fetched ahead and refreshed at half-life by the
+    /// manager; a pod proxy registers its identity for as long as it runs.
+    Istiod(CertificateManager),
+}
+
+/// How long a pod start waits for istiod's CA to issue its certificate before the start fails (and is retried).
+pub const ISTIOD_CERT_WAIT: Duration = Duration::from_secs(30);
+
+/// Shared by all pod proxies of the node: where pod certificates come from, the mesh TLS policy, the workload
+/// directory and authorization policies, the DNS upstreams, the inbound HBONE limits, the enrolled pods and the
+/// metrics.
 #[derive(Debug)]
 pub struct Mesh {
-    /// Mints each pod's workload certificate.
-    pub ca: MeshCa,
+    /// Gives each pod its workload certificate.
+    pub certificates: Certificates,
+    /// istiod's authorization policies (empty, so allowing everything, without istiod).
+    pub policies: Policies,
     /// Trust domain and roots for both TLS sides.
     pub tls: MeshTls,
     /// Which destinations speak HBONE, and as whom.
@@ -76,15 +94,52 @@ impl Mesh {
         self.tls.trust_domain()
     }
 
-    /// A new workload certificate for `identity`, minted on the blocking pool (key generation is CPU work, kept
-    /// off the runtime's workers), at most [`MINTS_AT_ONCE`] at a time.
+    /// A workload certificate for `identity`: minted on the blocking pool (key generation is CPU work, kept off
+    /// the runtime's workers), at most [`MINTS_AT_ONCE`] at a time; or, from istiod, the manager's current one
+    /// (waiting at most [`ISTIOD_CERT_WAIT`] for the first).
     pub async fn mint(self: &Arc<Self>, identity: &Identity) -> Result<WorkloadCert, String> {
-        static MINTING: Semaphore = Semaphore::const_new(MINTS_AT_ONCE);
-        let _turn = MINTING.acquire().await.map_err(|e| e.to_string())?;
-        let (mesh, identity) = (self.clone(), identity.clone());
-        tokio::task::spawn_blocking(move || mesh.ca.mint(&identity).map_err(|e| e.to_string()))
-            .await
-            .unwrap_or_else(|e| Err(format!("minting on the blocking pool: {e}")))
+        match &self.certificates {
+            Certificates::Local(ca) => {
+                static MINTING: Semaphore = Semaphore::const_new(MINTS_AT_ONCE);
+                let _turn = MINTING.acquire().await.map_err(|e| e.to_string())?;
+                let (ca, identity) = (ca.clone(), identity.clone());
+                tokio::task::spawn_blocking(move || ca.mint(&identity).map_err(|e| e.to_string()))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("minting on the blocking pool: {e}")))
+            }
+            Certificates::Istiod(manager) => {
+                let issued = tokio::time::timeout(ISTIOD_CERT_WAIT, manager.certificate(identity))
+                    .await
+                    .map_err(|_| format!("istiod's CA gave no certificate for {identity} within {ISTIOD_CERT_WAIT:?}"))?
+                    .map_err(|e| e.to_string())?;
+                let (identity, chain, key, not_before, not_after) = issued.to_workload_cert_parts();
+                Ok(WorkloadCert::new(identity, chain, key, not_before, not_after))
+            }
+        }
+    }
+
+    /// Keeps istiod's CA fetching and refreshing `identity`'s certificate until the guard is dropped (nothing to
+    /// keep for the local CA).
+    pub fn hold_identity(&self, identity: &Identity) -> IdentityHold {
+        match &self.certificates {
+            Certificates::Istiod(manager) => {
+                manager.register(identity);
+                IdentityHold(Some((manager.clone(), identity.clone())))
+            }
+            Certificates::Local(_) => IdentityHold(None),
+        }
+    }
+}
+
+/// A pod's registration of its identity with istiod's certificate manager; dropping it forgets the registration.
+#[derive(Debug)]
+pub struct IdentityHold(Option<(CertificateManager, Identity)>);
+
+impl Drop for IdentityHold {
+    fn drop(&mut self) {
+        if let Some((manager, identity)) = self.0.take() {
+            manager.forget(&identity);
+        }
     }
 }
 
@@ -174,6 +229,37 @@ impl PodContext {
     /// Makes `cert` the one new connections present (certificate rotation).
     pub fn replace_cert(&self, cert: WorkloadCert) {
         *self.cert.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(cert);
+    }
+
+    /// Whether istiod's policies let a connection from `source` (proven identity, `None` in plaintext) at `source_ip`
+    /// reach `destination` in this pod. The pod is governed as the workload the directory lists at the destination
+    /// address (istiod's uid selects its policies), in its own namespace either way.
+    pub fn authorize(
+        &self,
+        source: Option<&Identity>,
+        source_ip: IpAddr,
+        destination: std::net::SocketAddr,
+    ) -> Result<(), Denied> {
+        if self.mesh.policies.is_empty() {
+            return Ok(());
+        }
+        let listed = self.mesh.directory.lookup(destination.ip());
+        let uid = listed.as_ref().map(|d| d.workload.uid.as_str()).unwrap_or_default();
+        let workload = Governed { uid, namespace: &self.baggage.namespace };
+        self.mesh.policies.check(workload, &Connection { source, source_ip, destination })
+    }
+
+    /// [`PodContext::authorize`], with a denial counted (`istio_tcp_connections_refused_total{direction="inbound",
+    /// reason="authorization_policy"}`) and logged at most once per pod and interval; whether it may go ahead.
+    pub fn admits(&self, source: Option<&Identity>, source_ip: IpAddr, destination: std::net::SocketAddr) -> bool {
+        let Err(denied) = self.authorize(source, source_ip, destination) else { return true };
+        let reason = RefusalReason::AuthorizationPolicy;
+        self.mesh.metrics.refused(Direction::Inbound, reason);
+        if let Some(suppressed) = self.refusal_log.admit((Direction::Inbound, reason)) {
+            let source = source.map(ToString::to_string).unwrap_or_default();
+            tracing::warn!(uid = %self.uid, %source, %source_ip, %destination, %denied, suppressed, "connection denied");
+        }
+        false
     }
 
     /// The pod as its own end of a connection's traffic labels ([`Peer::local`]): its current identity as

@@ -41,6 +41,8 @@ pub enum RefusalReason {
     NotPodIp,
     /// The connection's original destination could not be read.
     NoOriginalDst,
+    /// istiod's authorization policies deny the connection (inbound HBONE, plaintext or same-node).
+    AuthorizationPolicy,
 }
 
 impl RefusalReason {
@@ -51,6 +53,7 @@ impl RefusalReason {
             RefusalReason::NotRedirected => "not_redirected",
             RefusalReason::NotPodIp => "not_pod_ip",
             RefusalReason::NoOriginalDst => "no_original_dst",
+            RefusalReason::AuthorizationPolicy => "authorization_policy",
         }
     }
 }

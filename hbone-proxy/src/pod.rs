@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 use zds::messages::WorkloadInfo;
 
-use crate::mesh::{Mesh, PodContext};
+use crate::mesh::{IdentityHold, Mesh, PodContext};
 use crate::sockets::PodNetns;
 use crate::{dns, inbound, outbound, sockets};
 
@@ -69,6 +69,8 @@ pub struct PodProxy {
     ips: Vec<IpAddr>,
     _stop: watch::Sender<()>,
     _listeners: JoinSet<()>,
+    /// istiod's CA keeps this pod's identity's certificate fresh while the pod proxy runs.
+    _identity: IdentityHold,
 }
 
 impl PodProxy {
@@ -87,6 +89,7 @@ impl PodProxy {
             .map_err(|source| StartError::Identity { uid: uid.to_owned(), source })?;
         let cert_err = |reason: String| StartError::Certificate { uid: uid.to_owned(), reason };
         let netns_err = |what: &str, source| StartError::Netns { uid: uid.to_owned(), what: what.to_owned(), source };
+        let hold = mesh.hold_identity(&identity);
         let (minted, entered) = tokio::join!(mesh.mint(&identity), PodNetns::enter(netns));
         let cert = Arc::new(minted.map_err(cert_err)?);
         let netns = entered.map_err(|e| netns_err("entering the pod's netns", e))?;
@@ -166,6 +169,7 @@ impl PodProxy {
             ips,
             _stop: stop,
             _listeners: listeners,
+            _identity: hold,
         })
     }
 
@@ -204,6 +208,8 @@ impl Drop for PodProxy {
 
 /// How long to wait before trying again when minting a replacement certificate failed.
 const ROTATION_RETRY: Duration = Duration::from_secs(10);
+/// How often a pod looks for istiod's refreshed certificate once its own is past half-life.
+const REFRESH_POLL: Duration = Duration::from_secs(5);
 
 /// Replaces the pod's certificate at half its lifetime, for as long as the pod proxy runs: new handshakes (both
 /// as client and server) present the new one; established connections are left alone.
@@ -213,12 +219,16 @@ async fn rotate_certs(ctx: Arc<PodContext>, identity: Identity, certs: ServerCer
         let lifetime = current.expires_at().duration_since(current.issued_at()).unwrap_or_default();
         let due = current.issued_at() + lifetime / 2;
         tokio::time::sleep(due.duration_since(SystemTime::now()).unwrap_or_default()).await;
-        let rotated = ctx.mesh.mint(&identity).await.and_then(|cert| {
-            for ip in &ips {
-                certs.set(*ip, &cert).map_err(|e| e.to_string())?;
+        let rotated = match ctx.mesh.mint(&identity).await {
+            // istiod's CA: the manager refreshes at the same half-life, and may not have yet; look again shortly
+            // (the certificate in use stays valid for the other half of its life).
+            Ok(cert) if cert.expires_at() <= current.expires_at() => {
+                tokio::time::sleep(REFRESH_POLL).await;
+                continue;
             }
-            Ok(cert)
-        });
+            Ok(cert) => ips.iter().try_for_each(|ip| certs.set(*ip, &cert)).map(|()| cert).map_err(|e| e.to_string()),
+            Err(error) => Err(error),
+        };
         match rotated {
             Ok(cert) => {
                 tracing::info!(uid = ctx.uid, %identity, expires_at = %rfc3339(cert.expires_at()), "workload certificate rotated");

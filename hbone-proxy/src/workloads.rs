@@ -24,7 +24,7 @@ use zds::messages::workload_request::Payload;
 use zds::messages::WorkloadInfo;
 use zds::{ZdsClient, ZdsError};
 
-use crate::mesh::Mesh;
+use crate::mesh::{Certificates, Mesh};
 use crate::pod::{PodProxy, StartError};
 
 /// First reconnect delay; doubled per failure up to [`MAX_BACKOFF`].
@@ -169,9 +169,25 @@ impl Workloads {
             })
             .collect();
         pending.sort_by(|a, b| a["uid"].as_str().cmp(&b["uid"].as_str()));
+        let mesh = &self.inner.mesh;
+        // As ztunnel's dump: each identity's certificate state (istiod's CA), and the policies held.
+        let (control_plane, certificates) = match &mesh.certificates {
+            Certificates::Local(_) => ("local", Value::Array(Vec::new())),
+            Certificates::Istiod(manager) => ("istiod", serde_json::to_value(manager.snapshot()).unwrap_or_default()),
+        };
+        let policies: Vec<Value> = mesh
+            .policies
+            .listing()
+            .into_iter()
+            .map(|(name, action, dry_run)| json!({ "name": name, "action": format!("{action:?}").to_uppercase(), "dryRun": dry_run }))
+            .collect();
+        let unenforceable: Vec<Value> =
+            mesh.policies.unenforceable().into_iter().map(|(name, why)| json!({ "name": name, "why": why })).collect();
         json!({
-            "trust_domain": self.inner.mesh.trust_domain(), "pods": pods, "pending": pending, "synced": state.synced,
-            "workloads": workloads, "workload_sources": directory.sources, "workloads_omitted": directory.omitted,
+            "control_plane": control_plane, "trust_domain": mesh.trust_domain(), "pods": pods, "pending": pending,
+            "synced": state.synced, "workloads": workloads, "workload_sources": directory.sources,
+            "workloads_omitted": directory.omitted, "certificates": certificates, "policies": policies,
+            "policies_unenforceable": unenforceable,
         })
     }
 

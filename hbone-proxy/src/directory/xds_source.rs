@@ -1,6 +1,6 @@
 //! The directory source for istiod (issue #32): the workloads istiod sends over Delta ADS (crate `xds`), applied to
-//! the [`Directory`] as they arrive. Not wired into the proxy's start-up yet; the real-istiod test drives the `xds`
-//! client, and this module's tests drive this source with the messages istiod sends.
+//! the [`Directory`] as they arrive, and its authorization policies, applied to the proxy's [`Policies`]. The proxy
+//! runs it with `CONTROL_PLANE=istiod`.
 //!
 //! Guarantees:
 //! - A workload becomes one directory entry under [`SOURCE`], keyed by its uid (the resource's name, which `xds`
@@ -10,8 +10,10 @@
 //!   `native_tunnel`; anything else is plain TCP.
 //! - A removal drops the entry of that name; a name that is not a workload here (a service key, a policy) changes
 //!   nothing.
-//! - Services and policies are accepted and counted, not applied: the proxy enforces no istiod policy yet, and a
-//!   workload that istiod describes is never refused for a policy this source cannot apply.
+//! - Policies are held in [`Policies`] under their resource name (`namespace/name`), and each workload's
+//!   `authorization_policies` is recorded there; a removal of either drops it. Services are accepted and counted,
+//!   not applied. A policy is never NACKed: what cannot be evaluated is held as unenforceable (see
+//!   [`crate::authorization`]), which never allows what it might deny.
 //! - A workload the directory refuses (an address another source owns, say) is NACKed by name with the
 //!   directory's reason; the others in the same response still apply.
 
@@ -23,6 +25,7 @@ use xds::wire::workload::{address, TunnelProtocol};
 use xds::wire::ResourceType;
 
 use super::{Directory, Protocol, Workload};
+use crate::authorization::Policies;
 
 /// The name this source's entries are kept under in the [`Directory`].
 pub const SOURCE: &str = "istiod";
@@ -32,27 +35,25 @@ pub const SOURCE: &str = "istiod";
 pub struct Unapplied {
     /// Services held by istiod's view.
     pub services: usize,
-    /// Authorization policies held by istiod's view.
-    pub policies: usize,
 }
 
 /// The [`Handler`] that applies istiod's workloads to a [`Directory`].
 #[derive(Debug)]
 pub struct XdsSource {
     directory: Directory,
+    policies: Policies,
     services: std::collections::HashSet<String>,
-    policies: std::collections::HashSet<String>,
 }
 
 impl XdsSource {
-    /// A source that applies to `directory`.
-    pub fn new(directory: Directory) -> Self {
-        Self { directory, services: Default::default(), policies: Default::default() }
+    /// A source that applies workloads to `directory` and policies to `policies`.
+    pub fn new(directory: Directory, policies: Policies) -> Self {
+        Self { directory, policies, services: Default::default() }
     }
 
-    /// The services and policies held but not applied.
+    /// The services held but not applied.
     pub fn unapplied(&self) -> Unapplied {
-        Unapplied { services: self.services.len(), policies: self.policies.len() }
+        Unapplied { services: self.services.len() }
     }
 }
 
@@ -86,11 +87,18 @@ pub fn workload(w: &xds::wire::workload::Workload) -> Workload {
 }
 
 impl Handler for XdsSource {
-    fn apply(&mut self, _ty: ResourceType, upserts: Vec<Upsert>, removals: Vec<String>) -> Vec<(String, String)> {
+    fn apply(&mut self, ty: ResourceType, upserts: Vec<Upsert>, removals: Vec<String>) -> Vec<(String, String)> {
         for name in removals {
-            if !self.directory.remove(SOURCE, &name) {
-                self.services.remove(&name);
-                self.policies.remove(&name);
+            match ty {
+                ResourceType::Authorization => {
+                    self.policies.remove(&name);
+                }
+                ResourceType::Address => {
+                    self.policies.unselect(&name);
+                    if !self.directory.remove(SOURCE, &name) {
+                        self.services.remove(&name);
+                    }
+                }
             }
         }
         let mut refused = Vec::new();
@@ -98,6 +106,7 @@ impl Handler for XdsSource {
             match upsert.resource {
                 DecodedResource::Address(a) => match a.r#type {
                     Some(address::Type::Workload(w)) => {
+                        self.policies.select(&w.uid, &w.authorization_policies);
                         if let Err(e) = self.directory.upsert(SOURCE, workload(&w)) {
                             refused.push((upsert.name, e.to_string()));
                         }
@@ -107,9 +116,7 @@ impl Handler for XdsSource {
                     }
                     None => {}
                 },
-                DecodedResource::Authorization(_) => {
-                    self.policies.insert(upsert.name);
-                }
+                DecodedResource::Authorization(policy) => self.policies.upsert(&upsert.name, &policy),
             }
         }
         refused
@@ -141,7 +148,7 @@ mod tests {
     #[test]
     fn istiods_workloads_become_directory_entries_and_leave_with_their_removal() {
         let directory = Directory::new("cluster.local");
-        let mut source = XdsSource::new(directory.clone());
+        let mut source = XdsSource::new(directory.clone(), Policies::default());
         let service = Upsert {
             name: "shop/web.shop.svc.cluster.local".into(),
             version: "1".into(),
@@ -166,7 +173,7 @@ mod tests {
         assert_eq!(a.workload.trust_domain, "cluster.local", "istiod's empty trust domain is the proxy's");
         let b = directory.lookup("10.0.0.2".parse().unwrap()).expect("b is in the directory");
         assert_eq!(b.workload.protocol, Protocol::Tcp, "not annotated: plain TCP");
-        assert_eq!(source.unapplied(), Unapplied { services: 1, policies: 0 });
+        assert_eq!(source.unapplied(), Unapplied { services: 1 });
 
         let removals = vec!["Kubernetes//Pod/shop/a".to_string(), "shop/web.shop.svc.cluster.local".to_string()];
         assert_eq!(source.apply(ResourceType::Address, Vec::new(), removals), Vec::new());

@@ -191,13 +191,18 @@ fn read(path: &Path) -> Result<Vec<u8>, CaError> {
     fs::read(path).map_err(|source| CaError::Io { action: "reading", path: path.to_path_buf(), source })
 }
 
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
-    let pem = read(path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+/// The certificates of the PEM file at `path` (at least one), e.g. a mesh root bundle (`root-cert.pem`).
+pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
+    parse_certs(&read(path)?, path)
+}
+
+/// The certificates of `pem` (at least one); `origin` names where it came from in errors.
+pub fn parse_certs(pem: &[u8], origin: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CaError::Invalid { path: path.to_path_buf(), reason: format!("bad PEM: {e}") })?;
+        .map_err(|e| CaError::Invalid { path: origin.to_path_buf(), reason: format!("bad PEM: {e}") })?;
     if certs.is_empty() {
-        return Err(CaError::Invalid { path: path.to_path_buf(), reason: "no certificate".to_string() });
+        return Err(CaError::Invalid { path: origin.to_path_buf(), reason: "no certificate".to_string() });
     }
     Ok(certs)
 }

@@ -28,7 +28,10 @@ impl std::fmt::Debug for WorkloadCert {
 }
 
 impl WorkloadCert {
-    pub(crate) fn new(
+    /// A certificate from its parts: the chain (leaf first), the leaf's PKCS#8 key, when it was issued and when it
+    /// expires. The caller vouches that the chain names `identity` and matches the key (the local CA mints them so;
+    /// `mesh-ca` verifies what istiod's CA returns before it gives the parts out).
+    pub fn new(
         identity: Identity,
         chain: Vec<CertificateDer<'static>>,
         pkcs8_key: Vec<u8>,
