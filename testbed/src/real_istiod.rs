@@ -7,7 +7,8 @@
 //! (so `AuthorizationPolicy` objects reach it), its own self-signed CA, `istio-system/ztunnel` (Istio's chart's) and
 //! `istio-system/hbone-proxy` (ours) as the trusted node accounts, and a token of `ztunnel` (audience `istio-ca`)
 //! for the xDS client; [`RealIstiod::pod_token`] mints the pod-bound token istiod's impersonation check needs. istiod serves xDS and its CA
-//! on 127.0.0.1:[`SECURE_GRPC_PORT`] with a serving certificate valid for `localhost`. It is killed on drop.
+//! on the host's end of the link to the node ([`HOST_IP`]:[`SECURE_GRPC_PORT`]), where the host and the node's pods
+//! (our proxy's among them) reach it, with its serving certificate for [`SERVER_NAME`]. It is killed on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,11 +16,14 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::real_node::{RealNode, RELEASE_NAMESPACE};
+use crate::real_node::{RealNode, HOST_IP, RELEASE_NAMESPACE};
 use crate::wait::within_every;
 
 /// istiod's TLS port for xDS and its CA (Istio's 15012), on the host's loopback.
 pub const SECURE_GRPC_PORT: u16 = 15012;
+/// The name istiod's own serving certificate carries (its Service in the release namespace); clients dial
+/// [`RealIstiod::address`] and check the certificate against this name (`ALT_XDS_HOSTNAME`, `ALT_CA_HOSTNAME`).
+pub const SERVER_NAME: &str = "istiod.istio-system.svc";
 /// The service account ztunnel runs as in Istio's chart: the node account istiod trusts to impersonate.
 pub const NODE_PROXY_ACCOUNT: &str = "ztunnel";
 /// How long istiod may take to start and sync.
@@ -58,7 +62,7 @@ impl RealIstiod {
             .current_dir(dir.path())
             .args(["discovery", "--meshConfig=mesh.yaml", "--domain=cluster.local"])
             .arg(format!("--kubeconfig={}", node.kubeconfig().display()))
-            .arg(format!("--secureGRPCAddr=127.0.0.1:{SECURE_GRPC_PORT}"))
+            .arg(format!("--secureGRPCAddr={HOST_IP}:{SECURE_GRPC_PORT}"))
             .args(["--grpcAddr=127.0.0.1:15010", "--httpAddr=127.0.0.1:15080", "--monitoringAddr=127.0.0.1:15014"])
             .env("POD_NAMESPACE", RELEASE_NAMESPACE)
             .env("PILOT_ENABLE_AMBIENT", "true")
@@ -69,7 +73,6 @@ impl RealIstiod {
                     crate::chart::PROXY_SERVICE_ACCOUNT
                 ),
             )
-            .env("ISTIOD_CUSTOM_HOST", "localhost")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)
@@ -106,9 +109,10 @@ impl RealIstiod {
         Some(istiod)
     }
 
-    /// `https://localhost:15012`: the address a client dials (the serving certificate names `localhost`).
+    /// `https://10.251.0.1:15012`: the address a client dials, on the host or in a pod of the node (the serving
+    /// certificate names [`SERVER_NAME`]).
     pub fn address(&self) -> String {
-        format!("https://localhost:{SECURE_GRPC_PORT}")
+        format!("https://{HOST_IP}:{SECURE_GRPC_PORT}")
     }
 
     /// The mesh root certificate (PEM), as the chart mounts it from `istio-ca-root-cert`.

@@ -19,6 +19,9 @@ use serde_json::Value;
 pub const NODE_NAME: &str = "istio-real-node";
 /// The node's IP (the API server listens there on 6443).
 pub const NODE_IP: &str = "10.251.0.2";
+/// The host's end of the link to the node (`scripts/cluster.sh`'s `HOST_IP`): what the node and its pods reach the
+/// host at.
+pub const HOST_IP: &str = "10.251.0.1";
 /// The namespace our chart is installed into.
 pub const RELEASE_NAMESPACE: &str = "istio-system";
 /// The helm release name.
