@@ -271,6 +271,10 @@ authorization: {mode: Webhook}
 tlsCertFile: $STATE/pki/kubelet.crt
 tlsPrivateKeyFile: $STATE/pki/kubelet.key
 clusterDomain: cluster.local
+# The cluster DNS is on the host's end of the node link, as CoreDNS's Service would be: pods get it in their
+# resolv.conf (with the cluster search domains). Only the real-istiod tests answer there
+# (testbed/src/real_istiod.rs: istiod's Service name); other names get no answer.
+clusterDNS: [$HOST_IP]
 # Imported images cannot be pulled back: never collect them, and never evict for disk.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99

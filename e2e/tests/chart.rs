@@ -588,8 +588,10 @@ fn proxy_with_istiod_gets_ztunnels_addresses_token_and_root_and_no_ca_secret_or_
         "proxy.istioNamespace=mesh".to_owned(),
         "proxy.caAddress=ca.example:15012".to_owned(),
         "proxy.serviceAccountName=ztunnel".to_owned(),
+        "proxy.env.ALT_XDS_HOSTNAME=istiod.mesh.svc".to_owned(),
     ]);
     let c = r.container("hbone-proxy", "hbone-proxy").unwrap();
+    assert_eq!(r.env_value(c, "ALT_XDS_HOSTNAME").as_deref(), Some("istiod.mesh.svc"), "proxy.env reaches the proxy");
     assert_eq!(r.env_value(c, "XDS_ADDRESS").as_deref(), Some("istiod-canary.mesh.svc:15012"));
     assert_eq!(r.env_value(c, "CA_ADDRESS").as_deref(), Some("ca.example:15012"));
     assert_eq!(r.pod_spec("hbone-proxy")["serviceAccountName"], "ztunnel");

@@ -973,7 +973,8 @@ fn proxy_config_dump(node: &RealNode) -> Option<Value> {
 }
 
 /// Issue #32 end to end: our proxy, installed by our chart with `proxy.controlPlane=istiod`, joins Istio's real
-/// istiod as ztunnel would (the projected `istio-ca` token, the root from `istio-ca-root-cert`, istiod's address).
+/// istiod as ztunnel would (the projected `istio-ca` token, the root from `istio-ca-root-cert`, istiod's Service
+/// name resolved through the pod's resolv.conf by the image's resolver).
 /// It takes the enrolled pods' workloads from istiod's xDS and their certificates from istiod's CA (impersonation,
 /// for pods on its node), carries HBONE between two pods with those certificates (the same-node fast path off, so
 /// the bytes cross mTLS on 15008), and enforces an `AuthorizationPolicy` written with kubectl as it goes from
@@ -983,16 +984,9 @@ fn our_proxy_joins_a_real_istiod_carries_hbone_with_its_certificates_and_enforce
     let Some((_guard, node)) = node() else { return };
     let Some(istiod) = testbed::real_istiod::RealIstiod::start(&node) else { return };
     let ns = "real-istiod-proxy";
-    let server_name = testbed::real_istiod::SERVER_NAME;
-    let settings = [
-        "proxy.controlPlane=istiod".to_string(),
-        "proxy.sameNodeFastPath=false".to_string(),
-        format!("proxy.xdsAddress={}", istiod.address()),
-        format!("proxy.caAddress={}", istiod.address()),
-        format!("proxy.env.ALT_XDS_HOSTNAME={server_name}"),
-        format!("proxy.env.ALT_CA_HOSTNAME={server_name}"),
-    ];
-    node.helm_install(&settings.iter().map(String::as_str).collect::<Vec<_>>());
+    // ztunnel's defaults: istiod by its Service name (`istiod.istio-system.svc:15012`), resolved in the proxy's
+    // pod as its resolv.conf says (the cluster DNS, the search domains), by the static image's own resolver.
+    node.helm_install(&["proxy.controlPlane=istiod", "proxy.sameNodeFastPath=false"]);
     let context = || format!("proxy dump: {:#?}\nistiod:\n{}", proxy_config_dump(&node), istiod.log());
 
     let pods = enrolled_app(&node, ns, "echo", 2);
@@ -1004,9 +998,11 @@ fn our_proxy_joins_a_real_istiod_carries_hbone_with_its_certificates_and_enforce
         || {
             let dump = proxy_config_dump(&node)?;
             let listed = pods.iter().all(|(name, _)| {
-                dump["workloads"].as_array().into_iter().flatten().any(|w| {
-                    w["name"] == name.as_str() && w["source"] == "istiod" && w["protocol"] == "HBONE"
-                })
+                dump["workloads"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|w| w["name"] == name.as_str() && w["source"] == "istiod" && w["protocol"] == "HBONE")
             });
             let certified = dump["certificates"]
                 .as_array()
