@@ -13,6 +13,7 @@ mod installer_repair;
 mod iperf;
 mod istio_node;
 mod istio_ref;
+mod istiod_policy;
 mod load;
 mod node_scale;
 mod pod_rules;
@@ -50,6 +51,9 @@ enum Scenario {
     /// One pod pushing into 500, 1,500 and 3,000 non-reading connections across nodes: each proxy's memory before,
     /// at the peak and after the burst, with the buffer budget on and off (iterations unused).
     HostileBuffers,
+    /// On the real node (`scripts/cluster.sh up`), with Istio's istiod and our proxy in istiod mode: the time from an
+    /// AuthorizationPolicy change stored in the API server to its enforcement (skipped without a real node).
+    IstiodPolicy,
 }
 
 impl Scenario {
@@ -65,6 +69,7 @@ impl Scenario {
             Scenario::NodeScale => Counts { warmup: 10, iterations: 1000 },
             Scenario::Fleet => Counts { warmup: 0, iterations: 25 },
             Scenario::HostileBuffers => Counts { warmup: 0, iterations: 1 },
+            Scenario::IstiodPolicy => Counts { warmup: 2, iterations: 20 },
         }
     }
 
@@ -81,6 +86,7 @@ impl Scenario {
             Scenario::NodeScale => Counts { warmup: 1, iterations: 20 },
             Scenario::Fleet => Counts { warmup: 0, iterations: 2 },
             Scenario::HostileBuffers => Counts { warmup: 0, iterations: 1 },
+            Scenario::IstiodPolicy => Counts { warmup: 0, iterations: 1 },
         }
     }
 }
@@ -135,6 +141,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::NodeScale => node_scale::run(counts),
             Scenario::Fleet => fleet::run(counts, args.quick),
             Scenario::HostileBuffers => hostile_buffers::run(args.quick),
+            Scenario::IstiodPolicy => istiod_policy::run(counts),
         };
         if args.quick {
             println!("\n{}", section.render_as("`scripts/bench.sh --quick` (debug build, few rounds: not comparable)"));

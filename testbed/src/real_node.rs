@@ -363,6 +363,17 @@ impl RealNode {
         v["info"]["pid"].as_u64().map(|p| p as u32)
     }
 
+    /// The network namespace file the runtime made for pod `ns/name`'s ready sandbox (under `/var/run/netns`,
+    /// which the node shares with the host), from its runtime spec.
+    pub fn sandbox_netns(&self, ns: &str, name: &str) -> Option<PathBuf> {
+        let id = self.sandbox_id(ns, name)?;
+        let out = self.run("crictl", &["inspectp", &id]);
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let namespaces = v["info"]["runtimeSpec"]["linux"]["namespaces"].as_array()?;
+        let net = namespaces.iter().find(|n| n["type"] == "network")?;
+        net["path"].as_str().filter(|p| !p.is_empty()).map(PathBuf::from)
+    }
+
     /// The id of pod `ns/name`'s ready sandbox in containerd.
     pub fn sandbox_id(&self, ns: &str, name: &str) -> Option<String> {
         let out =
