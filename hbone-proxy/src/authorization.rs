@@ -19,6 +19,9 @@
 //!   logged once when it arrives and listed by [`Policies::unenforceable`].
 //! - A connection with no proven identity (plaintext) matches no principal, namespace or service account, and is
 //!   matched by every `not_` field of those kinds.
+//! - A workload istiod has not listed yet (a pod's first moments: the agent enrolls it before the kubelet reports
+//!   its IP and istiod sends it) is denied everything while its namespace has `WorkloadSelector` policies, since
+//!   any of them might select it; `Global` and `Namespace` policies apply to it as to any workload.
 //! - What istiod sends is bounded by the xDS client (message size, resource count); nothing here allocates per
 //!   connection.
 
@@ -297,16 +300,24 @@ pub struct Governed<'a> {
 
 /// Why a connection was denied.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denied {
-    /// The policy that denied it (`namespace/name`), or `None` when ALLOW policies exist and none matched.
-    pub policy: Option<String>,
+pub enum Denied {
+    /// A DENY policy (`namespace/name`) matched.
+    Policy(String),
+    /// ALLOW policies govern the workload and none matched.
+    NoAllowMatched,
+    /// istiod has not listed the workload yet, so which selector policies it is under is unknown, and its namespace
+    /// has some: until it is listed, none of them could be applied (a pod's first moments, or istiod away).
+    Unlisted,
 }
 
 impl std::fmt::Display for Denied {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.policy {
-            Some(p) => write!(f, "denied by authorization policy {p}"),
-            None => f.write_str("no ALLOW authorization policy matched"),
+        match self {
+            Denied::Policy(p) => write!(f, "denied by authorization policy {p}"),
+            Denied::NoAllowMatched => f.write_str("no ALLOW authorization policy matched"),
+            Denied::Unlisted => {
+                f.write_str("the workload is not listed by istiod yet and its namespace has workload-selector policies")
+            }
         }
     }
 }
@@ -398,6 +409,14 @@ impl Policies {
         if state.by_key.is_empty() {
             return Ok(());
         }
+        if workload.uid.is_empty()
+            && state
+                .by_key
+                .values()
+                .any(|p| !p.dry_run && p.scope == Scope::Selected && p.namespace == workload.namespace)
+        {
+            return Err(Denied::Unlisted);
+        }
         let selected = state.selected.get(workload.uid).map(Vec::as_slice).unwrap_or_default();
         let governing = state.by_key.iter().filter(|(key, p)| {
             !p.dry_run
@@ -411,7 +430,7 @@ impl Policies {
         let mut allowed = false;
         for (key, policy) in governing {
             match policy.action {
-                Action::Deny if policy.matches(connection) => return Err(Denied { policy: Some(key.clone()) }),
+                Action::Deny if policy.matches(connection) => return Err(Denied::Policy(key.clone())),
                 Action::Deny => {}
                 Action::Allow => {
                     allows = true;
@@ -420,7 +439,7 @@ impl Policies {
             }
         }
         if allows && !allowed {
-            return Err(Denied { policy: None });
+            return Err(Denied::NoAllowMatched);
         }
         Ok(())
     }
@@ -476,7 +495,7 @@ mod tests {
         policies
             .upsert("shop/gate", &policy("shop", "gate", wire::Scope::Namespace, wire::Action::Deny, vec![from_other]));
         let denied = policies.check(WEB, &conn(Some(&client), "10.0.0.1", 80)).unwrap_err();
-        assert_eq!(denied.policy.as_deref(), Some("shop/gate"));
+        assert_eq!(denied, Denied::Policy("shop/gate".into()));
         let friend = id("shop", "friend");
         assert_eq!(policies.check(WEB, &conn(Some(&friend), "10.0.0.1", 80)), Ok(()), "another namespace's client");
         assert_eq!(policies.check(WEB, &conn(None, "10.0.0.1", 80)), Ok(()), "plaintext has no namespace to match");
@@ -501,14 +520,20 @@ mod tests {
         assert_eq!(policies.check(WEB, &conn(Some(&id("x", "y")), "10.0.0.1", 80)), Ok(()));
         policies.select(WEB.uid, &["shop/front-only".to_owned()]);
         assert_eq!(policies.check(WEB, &conn(Some(&front), "10.0.0.1", 8080)), Ok(()));
-        assert_eq!(policies.check(WEB, &conn(Some(&front), "10.0.0.1", 9090)), Err(Denied { policy: None }), "port");
+        assert_eq!(policies.check(WEB, &conn(Some(&front), "10.0.0.1", 9090)), Err(Denied::NoAllowMatched), "port");
         assert_eq!(
             policies.check(WEB, &conn(Some(&id("shop", "back")), "10.0.0.1", 8080)),
-            Err(Denied { policy: None })
+            Err(Denied::NoAllowMatched)
         );
-        assert_eq!(policies.check(WEB, &conn(None, "10.0.0.1", 8080)), Err(Denied { policy: None }), "plaintext");
+        assert_eq!(policies.check(WEB, &conn(None, "10.0.0.1", 8080)), Err(Denied::NoAllowMatched), "plaintext");
         policies.unselect(WEB.uid);
         assert_eq!(policies.check(WEB, &conn(None, "10.0.0.1", 8080)), Ok(()));
+        // A pod istiod has not listed yet, in a namespace with selector policies: which of them select it is
+        // unknown, so nothing is let through until it is listed.
+        let unlisted = Governed { uid: "", namespace: "shop" };
+        assert_eq!(policies.check(unlisted, &conn(Some(&front), "10.0.0.1", 8080)), Err(Denied::Unlisted));
+        let elsewhere = Governed { uid: "", namespace: "db" };
+        assert_eq!(policies.check(elsewhere, &conn(Some(&front), "10.0.0.1", 8080)), Ok(()), "none in its namespace");
     }
 
     #[test]
