@@ -2,7 +2,8 @@
 //! authorization policies come over Delta xDS (crate `xds`, applied by [`XdsSource`]); certificates from istiod's CA
 //! (crate `mesh-ca`), one per local identity, fetched ahead and refreshed at half-life. Every setting is read from
 //! ztunnel's variables (`XDS_ADDRESS`, `CA_ADDRESS`, `XDS_ROOT_CA`, `CA_ROOT_CA`, `AUTH_TOKEN`, `ALT_*_HOSTNAME`,
-//! `*_HEADER_*`, `CLUSTER_ID`, `SECRET_TTL`, `POD_NAME`, `POD_NAMESPACE`, `NODE_NAME`, `INSTANCE_IP`, `ISTIO_META_*`).
+//! `*_HEADER_*`, `CLUSTER_ID`, `POD_NAME`, `POD_NAMESPACE`, `NODE_NAME`, `INSTANCE_IP`, `ISTIO_META_*`), as
+//! [`crate::config::IstiodArgs::environment`] gathers them; the certificates' lifetime is the proxy's `SECRET_TTL`.
 //!
 //! Guarantees:
 //! - start-up fails with an error naming the variable when a setting cannot be used (no address, no mesh root);
@@ -27,10 +28,12 @@ use xds::ads::{AdsClient, AdsConfig};
 use xds::channel::{Channel, Roots};
 use xds::settings::{self, Endpoint};
 
-/// The certificate manager on istiod's CA, and the mesh TLS policy of `trust_domain` with istiod's mesh root.
+/// The certificate manager on istiod's CA (asking for leaves of lifetime `ttl`), and the mesh TLS policy of
+/// `trust_domain` with istiod's mesh root.
 pub fn certificates(
     env: &BTreeMap<String, String>,
     trust_domain: &str,
+    ttl: std::time::Duration,
 ) -> anyhow::Result<(CertificateManager, MeshTls)> {
     let Some(channel) = settings::channel_config(Endpoint::Ca, env, Path::exists).map_err(anyhow::Error::msg)? else {
         bail!("CA_ADDRESS is empty: CONTROL_PLANE=istiod takes its certificates from istiod's CA");
@@ -42,10 +45,7 @@ pub fn certificates(
         }
         Roots::System => bail!("CA_ROOT_CA=SYSTEM: the mesh root certificate is needed to verify peers"),
     };
-    let settings = mesh_ca::client::RequestSettings {
-        ttl: mesh_ca::client::secret_ttl(env).map_err(anyhow::Error::msg)?,
-        ..Default::default()
-    };
+    let settings = mesh_ca::client::RequestSettings { ttl, ..Default::default() };
     tracing::info!(address = %channel.address, ttl = ?settings.ttl, "certificates from istiod's CA");
     let tls = MeshTls::new(trust_domain, &roots).context("mesh TLS policy on istiod's root")?;
     let client = CaClient::new(channel, settings).context("istiod's CA channel")?;

@@ -78,7 +78,7 @@ async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         }
         ControlPlane::Istiod => {
             let env = config.istiod.environment();
-            let (manager, tls) = control_plane::certificates(&env, &config.trust_domain)?;
+            let (manager, tls) = control_plane::certificates(&env, &config.trust_domain, config.secret_ttl)?;
             control_plane::watch(&env, directory.clone(), policies.clone(), listed_tx)?;
             (Certificates::Istiod(manager), tls, ("istiod", "waiting for istiod's first workloads and policies"))
         }
