@@ -21,7 +21,8 @@
 //! error (signing certificate has expired at …)`. A test can also script refusals,
 //! tamper with responses (another SAN, a given chain, raw bytes), and hold requests to count how many are in
 //! flight. The fake is reachable in process ([`FakeCa::signer`], for paused-time tests) or over TLS + HTTP/2
-//! ([`FakeCa::serve`]). Every request is recorded; waits are bounded by [`WAIT`].
+//! ([`FakeCa::serve`] on 127.0.0.1, [`FakeCa::serve_on`] on a listener the caller bound), every server of one fake
+//! presenting the same TLS certificate. Every request is recorded; waits are bounded by [`WAIT`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -136,9 +137,42 @@ struct State {
     max_in_flight: usize,
 }
 
+/// The TLS certificate the CA's servers present: a root of its own and a leaf for [`SERVER_NAME`].
+#[derive(Debug)]
+struct TlsIdentity {
+    root_pem: String,
+    cert: CertificateDer<'static>,
+    key: PrivatePkcs8KeyDer<'static>,
+}
+
+impl Clone for TlsIdentity {
+    fn clone(&self) -> Self {
+        TlsIdentity { root_pem: self.root_pem.clone(), cert: self.cert.clone(), key: self.key.clone_key() }
+    }
+}
+
+impl TlsIdentity {
+    fn new() -> TlsIdentity {
+        let tls_key = KeyPair::generate().expect("TLS CA key");
+        let mut tls_ca = CertificateParams::default();
+        tls_ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let tls_ca_cert = tls_ca.self_signed(&tls_key).expect("TLS CA");
+        let tls_issuer = Issuer::new(tls_ca, tls_key);
+        let key = KeyPair::generate().expect("server key");
+        let params = CertificateParams::new(vec![SERVER_NAME.to_owned()]).expect("server params");
+        let cert = params.signed_by(&key, &tls_issuer).expect("server cert");
+        TlsIdentity {
+            root_pem: tls_ca_cert.pem(),
+            cert: CertificateDer::from(cert.der().to_vec()),
+            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+        }
+    }
+}
+
 /// The fake CA; cheap to clone (clones share the state).
 #[derive(Clone)]
 pub struct FakeCa {
+    tls: Arc<std::sync::OnceLock<TlsIdentity>>,
     state: Arc<Mutex<State>>,
     changed: watch::Sender<usize>,
     held: watch::Sender<bool>,
@@ -212,6 +246,7 @@ impl FakeCa {
         let (changed, _) = watch::channel(0);
         let (held, _) = watch::channel(false);
         FakeCa {
+            tls: Arc::default(),
             state: Arc::new(Mutex::new(State {
                 trust_domain: trust_domain.to_owned(),
                 clock,
@@ -364,25 +399,25 @@ impl FakeCa {
 
     /// Serves `CreateCertificate` over TLS + HTTP/2 on 127.0.0.1 until the returned server is dropped.
     pub async fn serve(&self) -> FakeCaServer {
-        let tls_key = KeyPair::generate().expect("TLS CA key");
-        let mut tls_ca = CertificateParams::default();
-        tls_ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let tls_ca_cert = tls_ca.self_signed(&tls_key).expect("TLS CA");
-        let tls_issuer = Issuer::new(tls_ca, tls_key);
-        let key = KeyPair::generate().expect("server key");
-        let params = CertificateParams::new(vec![SERVER_NAME.to_owned()]).expect("server params");
-        let cert = params.signed_by(&key, &tls_issuer).expect("server cert");
-        let chain = vec![CertificateDer::from(cert.der().to_vec())];
-        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        self.serve_on(listener).await
+    }
+
+    /// Like [`FakeCa::serve`], on `listener` (bound wherever the caller chose: another address, a network
+    /// namespace). Every server of this CA (and of its clones) presents the same TLS certificate, as one istiod
+    /// started again does, so a client's `CA_ROOT_CA` keeps trusting it.
+    pub async fn serve_on(&self, listener: std::net::TcpListener) -> FakeCaServer {
+        let tls_identity = self.tls.get_or_init(TlsIdentity::new).clone();
         let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .expect("TLS versions")
             .with_no_client_auth()
-            .with_single_cert(chain, key_der)
+            .with_single_cert(vec![tls_identity.cert.clone()], PrivateKeyDer::Pkcs8(tls_identity.key.clone_key()))
             .expect("server TLS config");
         tls.alpn_protocols = vec![b"h2".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        listener.set_nonblocking(true).expect("non-blocking listener");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener on the runtime");
         let addr = listener.local_addr().expect("local addr");
         let ca = self.clone();
         let (kick, kicked) = watch::channel(0u64);
@@ -409,7 +444,7 @@ impl FakeCa {
                 });
             }
         });
-        FakeCaServer { addr, tls_root_pem: tls_ca_cert.pem(), task, kick }
+        FakeCaServer { addr, tls_root_pem: tls_identity.root_pem, task, kick }
     }
 }
 
@@ -547,7 +582,7 @@ impl Drop for FakeCaServer {
 }
 
 impl FakeCaServer {
-    /// `127.0.0.1:port`.
+    /// The listener's `address:port` (`127.0.0.1:port` from [`FakeCa::serve`]).
     pub fn address(&self) -> String {
         self.addr.to_string()
     }

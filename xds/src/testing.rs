@@ -6,8 +6,12 @@
 //! requires PILOT_ENABLE_AMBIENT=true`); it can also refuse the next streams with scripted statuses, and freeze
 //! (stop reading its connections, so pings go unanswered). Like grpc-go it sends response headers only with the
 //! first message. Every accepted stream is handed to the test as a [`FakeStream`], through which the test reads
-//! the client's requests and sends responses (or raw bytes), ends or resets the stream. Every request and every stream attempt is recorded. Waits are
-//! bounded by [`WAIT`] and wake on events (no polling); a helper that times out panics, which fails the test.
+//! the client's requests and sends responses (or raw bytes), ends or resets the stream. Every request and every stream attempt is recorded. The test
+//! helpers' waits are bounded by [`WAIT`] and wake on events (no polling); a helper that times out panics, which
+//! fails the test. A harness that serves for as long as it runs takes streams and requests without a bound
+//! ([`FakeIstiod::accept_stream`], [`FakeStream::next_request`]). The fake serves on 127.0.0.1 or on a listener the
+//! caller bound ([`FakeIstiod::start_on`]), and can present the same certificate across starts
+//! ([`FakeIstiod::start_with`], [`ServingCert`]).
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -30,6 +34,51 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 /// The DNS name in the fake server's certificate (the address is 127.0.0.1, so clients use it as alt hostname).
 pub const SERVER_NAME: &str = "istiod.istio-system.svc";
+
+/// The fake's TLS identity: a fresh CA (its root, [`ServingCert::ca_pem`], is what clients trust) and a serving
+/// certificate it signed for [`SERVER_NAME`]. Cloned into each start, so a fake started again presents the same one.
+#[derive(Debug)]
+pub struct ServingCert {
+    ca_pem: String,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivatePkcs8KeyDer<'static>,
+}
+
+impl Clone for ServingCert {
+    fn clone(&self) -> Self {
+        ServingCert { ca_pem: self.ca_pem.clone(), chain: self.chain.clone(), key: self.key.clone_key() }
+    }
+}
+
+impl Default for ServingCert {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServingCert {
+    /// A fresh CA and a serving certificate for [`SERVER_NAME`] signed by it.
+    pub fn new() -> ServingCert {
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key).expect("CA cert");
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().expect("server key");
+        let params = CertificateParams::new(vec![SERVER_NAME.to_owned()]).expect("server params");
+        let cert = params.signed_by(&key, &issuer).expect("server cert");
+        ServingCert {
+            ca_pem: ca_cert.pem(),
+            chain: vec![CertificateDer::from(cert.der().to_vec())],
+            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+        }
+    }
+
+    /// The CA certificate (PEM) that signed the serving certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+}
 
 /// A stream attempt as the server saw it.
 #[derive(Clone, Debug)]
@@ -77,25 +126,29 @@ impl FakeIstiod {
     /// Starts on 127.0.0.1 with a fresh CA and a serving certificate for [`SERVER_NAME`]; `token` is the bearer
     /// token required (`None`: no check).
     pub async fn start(token: Option<&str>) -> FakeIstiod {
-        let ca_key = KeyPair::generate().expect("CA key");
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_cert = ca_params.self_signed(&ca_key).expect("CA cert");
-        let issuer = Issuer::new(ca_params, ca_key);
-        let key = KeyPair::generate().expect("server key");
-        let params = CertificateParams::new(vec![SERVER_NAME.to_owned()]).expect("server params");
-        let cert = params.signed_by(&key, &issuer).expect("server cert");
-        let chain = vec![CertificateDer::from(cert.der().to_vec())];
-        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        Self::start_on(listener, token).await
+    }
+
+    /// Like [`FakeIstiod::start`], serving on `listener` (bound wherever the caller chose: another address, a
+    /// network namespace) instead of a fresh one on 127.0.0.1.
+    pub async fn start_on(listener: std::net::TcpListener, token: Option<&str>) -> FakeIstiod {
+        Self::start_with(listener, token, &ServingCert::new()).await
+    }
+
+    /// Like [`FakeIstiod::start_on`], presenting `cert` (so an istiod started again presents the same certificate,
+    /// which its clients' `XDS_ROOT_CA` already trusts).
+    pub async fn start_with(listener: std::net::TcpListener, token: Option<&str>, cert: &ServingCert) -> FakeIstiod {
         let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .expect("TLS versions")
             .with_no_client_auth()
-            .with_single_cert(chain, key_der)
+            .with_single_cert(cert.chain.clone(), PrivateKeyDer::Pkcs8(cert.key.clone_key()))
             .expect("server TLS config");
         tls.alpn_protocols = vec![b"h2".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        listener.set_nonblocking(true).expect("non-blocking listener");
+        let listener = TcpListener::from_std(listener).expect("listener on the runtime");
         let addr = listener.local_addr().expect("local addr");
         let shared = Arc::new(Mutex::new(Shared {
             ambient: true,
@@ -135,10 +188,10 @@ impl FakeIstiod {
                 });
             }
         });
-        FakeIstiod { addr, ca_pem: ca_cert.pem(), shared, streams, task, frozen: frozen_tx }
+        FakeIstiod { addr, ca_pem: cert.ca_pem.clone(), shared, streams, task, frozen: frozen_tx }
     }
 
-    /// `127.0.0.1:port`.
+    /// The listener's `address:port` (`127.0.0.1:port` from [`FakeIstiod::start`]).
     pub fn address(&self) -> String {
         self.addr.to_string()
     }
@@ -188,6 +241,12 @@ impl FakeIstiod {
             .expect("fake istiod stopped")
     }
 
+    /// The next accepted stream, waiting as long as it takes; `None` once the server stopped. For harnesses that
+    /// serve for as long as they run (a test helper wants [`FakeIstiod::next_stream`]).
+    pub async fn accept_stream(&mut self) -> Option<FakeStream> {
+        self.streams.recv().await
+    }
+
     /// Waits until `condition` holds on the attempts; panics after [`WAIT`].
     pub async fn wait_attempts(&self, condition: impl Fn(&[Attempt]) -> bool) -> Vec<Attempt> {
         let mut changed = lock(&self.shared).attempts_changed.subscribe();
@@ -230,6 +289,12 @@ impl FakeStream {
             .await
             .expect("timed out waiting for a request")
             .expect("stream closed before a request")
+    }
+
+    /// The next request from the client, waiting as long as it takes; `None` once the stream closed. For
+    /// harnesses that serve for as long as they run (a test helper wants [`FakeStream::request`]).
+    pub async fn next_request(&mut self) -> Option<DeltaDiscoveryRequest> {
+        self.requests.recv().await
     }
 
     /// Sends a response.
