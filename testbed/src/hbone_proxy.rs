@@ -141,7 +141,9 @@ impl Proxy {
             proxy.assert_running();
             crate::http::get(&netns, ports::STATS, "/metrics").ok().map(|_| ())
         });
-        if wait_listed && !env.contains(&KUBE_WORKLOADS_OFF) {
+        // With `CONTROL_PLANE=istiod` the workloads come from istiod: no Kubernetes source runs.
+        let istiod = env.iter().any(|(name, value)| *name == "CONTROL_PLANE" && value.eq_ignore_ascii_case("istiod"));
+        if wait_listed && !env.contains(&KUBE_WORKLOADS_OFF) && !istiod {
             // The watcher watches only once its list is in the directory: a new watch means the pods are listed.
             eventually("hbone-proxy's Kubernetes source listed the pods and watches them", || {
                 proxy.assert_running();

@@ -6,6 +6,7 @@
 
 pub mod bins;
 pub mod chart;
+pub mod fake_istiod;
 pub mod fleet;
 pub mod hbone_proxy;
 pub mod hostile_load;
