@@ -24,15 +24,25 @@ pub struct NodeSide {
 impl NodeSide {
     /// A node whose proxy takes its mesh CA from `ca_dir`, with `env` added to the proxy's environment.
     pub fn start(ca_dir: &str, env: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().expect("node scratch dir");
-        let cluster = Cluster::with_backend(RuleBackend::Nftables);
-        cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
-        let agent = NodeAgent::start(&cluster, &[]);
         let mut env = env.to_vec();
         env.push(("CA_DIR", ca_dir));
-        let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), &env);
+        Self::start_on(new_cluster(), &env)
+    }
+
+    /// Starts the agent and the proxy (with `env`) on `cluster`.
+    pub fn start_on(cluster: Cluster, env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("node scratch dir");
+        let agent = NodeAgent::start(&cluster, &[]);
+        let proxy = Proxy::start(&cluster, &agent, dir.path(), &dir.path().join("workloads.yaml"), env);
         NodeSide { proxy, cluster, _agent: agent, dir }
     }
+}
+
+/// A test node's cluster (netns, bridge, fake API) with the scene's namespace stored.
+fn new_cluster() -> Cluster {
+    let cluster = Cluster::with_backend(RuleBackend::Nftables);
+    cluster.api.upsert(namespace(NS, json!({}))).expect("store namespace");
+    cluster
 }
 
 /// Two linked nodes sharing the mesh CA in `ca`, each proxy with `env` added. Field order is drop order: the
@@ -53,6 +63,24 @@ impl TwoNodes {
         link(&one.cluster, &two.cluster);
         TwoNodes { one, two, _ca: ca }
     }
+}
+
+impl TwoNodes {
+    /// Two linked nodes whose proxies' environments `env` gives once both nodes exist and are linked, before any
+    /// agent or proxy starts (so it can start a server in one node that both proxies reach over the link).
+    pub fn start_linked(env: impl FnOnce(&Cluster, &Cluster) -> [Vec<(String, String)>; 2]) -> Self {
+        let (first, second) = (new_cluster(), new_cluster());
+        link(&first, &second);
+        let [env_one, env_two] = env(&first, &second);
+        let one = NodeSide::start_on(first, &pairs(&env_one));
+        let two = NodeSide::start_on(second, &pairs(&env_two));
+        TwoNodes { one, two, _ca: tempfile::tempdir().expect("CA dir (unused)") }
+    }
+}
+
+/// `env` as the `(name, value)` pairs a proxy takes.
+fn pairs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
 /// Connects the two node netns with a veth and routes each node's pod subnet through it.
