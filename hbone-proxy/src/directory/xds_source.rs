@@ -181,4 +181,45 @@ mod tests {
         assert!(directory.lookup("10.0.0.2".parse().unwrap()).is_some(), "b stays");
         assert_eq!(source.unapplied(), Unapplied::default());
     }
+
+    #[test]
+    fn istiods_policies_and_each_workloads_selection_reach_the_policies_and_leave_with_their_removal() {
+        use crate::authorization::{Connection, Denied, Governed};
+        use xds::wire::security::{self as sec, Authorization};
+
+        let (directory, policies) = (Directory::new("cluster.local"), Policies::default());
+        let mut source = XdsSource::new(directory, policies.clone());
+        let deny = Authorization {
+            name: "gate".into(),
+            namespace: "shop".into(),
+            scope: sec::Scope::WorkloadSelector as i32,
+            action: sec::Action::Deny as i32,
+            groups: vec![sec::Group { rules: vec![sec::Rules { matches: vec![sec::Match::default()] }] }],
+            ..Default::default()
+        };
+        let policy =
+            Upsert { name: "shop/gate".into(), version: "1".into(), resource: DecodedResource::Authorization(deny) };
+        assert_eq!(source.apply(ResourceType::Authorization, vec![policy], Vec::new()), Vec::new());
+        let mut selected = pod("Kubernetes//Pod/shop/a", [10, 0, 0, 1], TunnelProtocol::Hbone);
+        if let DecodedResource::Address(Address { r#type: Some(address::Type::Workload(w)) }) = &mut selected.resource {
+            w.authorization_policies = vec!["shop/gate".into()];
+        }
+        assert_eq!(source.apply(ResourceType::Address, vec![selected], Vec::new()), Vec::new());
+
+        let client = hbone::Identity::new("cluster.local", "other", "x").unwrap();
+        let conn = Connection {
+            source: Some(&client),
+            source_ip: "10.0.0.9".parse().unwrap(),
+            destination: "10.0.0.1:80".parse().unwrap(),
+        };
+        let a = Governed { uid: "Kubernetes//Pod/shop/a", namespace: "shop" };
+        assert_eq!(policies.check(a, &conn), Err(Denied::Policy("shop/gate".into())), "a selects the DENY");
+        let b = Governed { uid: "Kubernetes//Pod/shop/b", namespace: "shop" };
+        assert_eq!(policies.check(b, &conn), Ok(()), "b does not");
+
+        // The policy's removal (an Authorization removal) lifts it.
+        assert_eq!(source.apply(ResourceType::Authorization, Vec::new(), vec!["shop/gate".into()]), Vec::new());
+        assert_eq!(policies.check(a, &conn), Ok(()));
+        assert!(policies.is_empty());
+    }
 }
