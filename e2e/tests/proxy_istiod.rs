@@ -85,6 +85,14 @@ impl Mesh {
         }
     }
 
+    /// Waits until both proxies have applied (ACKed) istiod's current resource set.
+    fn await_synced(&self) {
+        let version = self.istiod.version();
+        eventually("both proxies ACKed istiod's latest push", || {
+            (self.istiod.synced_streams(version) == 2).then_some(())
+        });
+    }
+
     /// Connections node `node`'s proxy refused by policy.
     fn refused(&self, node: usize) -> f64 {
         support::metrics::sum(&self.side(node).cluster.node.netns().path(), REFUSED, &BY_POLICY)
@@ -197,7 +205,8 @@ fn pods_on_two_nodes_talk_over_mtls_with_istiods_certificates_and_obey_its_polic
     // A DENY of A's identity, pushed over xDS: new connections are refused at B's proxy.
     let refused = mesh.refused(1);
     mesh.istiod.set_policy(deny_from("deny-a", "a-sa"));
-    eventually("B's proxy refuses A's new connections", || (!echoed(&a, &b)).then_some(()));
+    mesh.await_synced();
+    assert!(!echoed(&a, &b), "once B's proxy has the DENY, A's new connection is refused");
     assert!(mesh.refused(1) > refused, "B's proxy counted the refusal as authorization_policy");
     let dump = mesh.nodes.two.proxy.config_dump().expect("config dump");
     assert!(dump["policies"].to_string().contains("deny-a"), "B's proxy lists the policy: {}", dump["policies"]);
@@ -208,7 +217,8 @@ fn pods_on_two_nodes_talk_over_mtls_with_istiods_certificates_and_obey_its_polic
     // ALLOW again: the DENY removed and an ALLOW of A's identity pushed, A reaches B again.
     mesh.istiod.remove(ResourceType::Authorization, &format!("{NS}/deny-a"));
     mesh.istiod.set_policy(allow_from("allow-a", "a-sa"));
-    eventually("A reaches B again", || echoed(&a, &b).then_some(()));
+    mesh.await_synced();
+    assert!(echoed(&a, &b), "A reaches B again");
 }
 
 /// istiod away: the proxies keep the last workloads, policies and certificates, so new connections between the pods
@@ -246,13 +256,15 @@ fn with_istiod_away_connections_keep_working_and_a_policy_pushed_after_its_retur
     }
 
     mesh.istiod.start();
-    eventually("both proxies reconnected to istiod", || {
+    eventually("both proxies reconnected to istiod and have its state", || {
         let (now_accepted, open) = mesh.istiod.streams();
-        (now_accepted >= accepted + 2 && open == 2).then_some(())
+        let synced = mesh.istiod.synced_streams(mesh.istiod.version());
+        (now_accepted >= accepted + 2 && open == 2 && synced == 2).then_some(())
     });
     let refused = mesh.refused(1);
     mesh.istiod.set_policy(deny_from("deny-a", "a-sa"));
-    eventually("B's proxy refuses A's new connections", || (!echoed(&a, &b)).then_some(()));
+    mesh.await_synced();
+    assert!(!echoed(&a, &b), "once B's proxy has the DENY pushed after the reconnect, A's new connection is refused");
     assert!(mesh.refused(1) > refused, "B's proxy counted the refusal as authorization_policy");
 }
 

@@ -8,6 +8,9 @@
 //!   it held (`initial_resource_versions`) that is no longer in the set; after that, every change the test makes
 //!   ([`FakeControlPlane::set_workload`], [`FakeControlPlane::set_policy`], the removals) is pushed to every open
 //!   stream as the upserts and removals that bring it to the current set;
+//! - it tells how many open streams have applied a given version of the set (the client ACKed, or NACKed, every
+//!   response that brought it there: [`FakeControlPlane::synced_streams`]), so a test can wait for the proxies to
+//!   have a change instead of guessing;
 //! - the CA signs a proxy's impersonated requests for the pods the test placed on the proxy's node
 //!   ([`FakeControlPlane::add_node`] registers the proxy's token, its own pod and the trusted node account;
 //!   [`FakeControlPlane::place_pod`] a pod), and refuses the others as istiod does;
@@ -54,8 +57,15 @@ struct Shared {
     resources: Mutex<Resources>,
     /// Bumped at every change; each stream pushes the difference.
     changed: watch::Sender<u64>,
-    /// Streams accepted so far, and open now.
-    streams: Mutex<(usize, usize)>,
+    streams: Mutex<Streams>,
+}
+
+/// The ADS streams: how many were accepted, and each open one with the resources version its client has ACKed
+/// everything up to (`None` until it has subscribed to both types and ACKed their first answers).
+#[derive(Default)]
+struct Streams {
+    accepted: u64,
+    open: BTreeMap<u64, Option<u64>>,
 }
 
 impl Shared {
@@ -63,7 +73,7 @@ impl Shared {
         self.resources.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn streams(&self) -> MutexGuard<'_, (usize, usize)> {
+    fn streams(&self) -> MutexGuard<'_, Streams> {
         self.streams.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -194,7 +204,19 @@ impl FakeControlPlane {
 
     /// ADS streams accepted so far (every proxy's, every reconnect), and open now.
     pub fn streams(&self) -> (usize, usize) {
-        *self.shared.streams()
+        let streams = self.shared.streams();
+        (streams.accepted as usize, streams.open.len())
+    }
+
+    /// The version of the current resource set (bumped by every change).
+    pub fn version(&self) -> u64 {
+        self.shared.resources().version
+    }
+
+    /// How many open streams have been sent the resource set of `version` (or a later one) and ACKed (or NACKed)
+    /// every response that carried it: the proxies that have applied it (a proxy ACKs after applying).
+    pub fn synced_streams(&self, version: u64) -> usize {
+        self.shared.streams().open.values().filter(|synced| synced.is_some_and(|v| v >= version)).count()
     }
 
     /// Registers a node proxy running as pod `proxy_pod` (namespace [`PROXY_NAMESPACE`], service account
@@ -360,54 +382,76 @@ pub fn exact(value: &str) -> StringMatch {
 async fn serve_streams(mut istiod: FakeIstiod, shared: Arc<Shared>) {
     let mut streams = tokio::task::JoinSet::new();
     while let Some(stream) = istiod.accept_stream().await {
-        shared.streams().0 += 1;
-        streams.spawn(serve_stream(stream, shared.clone()));
+        let id = {
+            let mut s = shared.streams();
+            s.accepted += 1;
+            let id = s.accepted;
+            s.open.insert(id, None);
+            id
+        };
+        streams.spawn(serve_stream(id, stream, shared.clone()));
         while streams.try_join_next().is_some() {}
     }
 }
 
-/// Counts a stream as open while it lives.
-struct Open(Arc<Shared>);
+/// Lists a stream as open while it lives.
+struct Open(u64, Arc<Shared>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.streams().1 -= 1;
+        self.1.streams().open.remove(&self.0);
     }
 }
 
-/// One ADS stream: each type's first answer when the client subscribes, then every change.
-async fn serve_stream(mut stream: FakeStream, shared: Arc<Shared>) {
-    shared.streams().1 += 1;
-    let _open = Open(shared.clone());
+/// One ADS stream (number `id`): each type's first answer when the client subscribes, then every change; records
+/// the version the client has ACKed everything up to.
+async fn serve_stream(id: u64, mut stream: FakeStream, shared: Arc<Shared>) {
+    let _open = Open(id, shared.clone());
     let mut changed = shared.changed.subscribe();
     // Per subscribed type: name -> version the client holds.
     let mut held: HashMap<ResourceType, BTreeMap<String, String>> = HashMap::new();
     let mut nonce = 0u64;
+    // Responses not answered yet, and the resources version the ones sent so far bring the client to.
+    let mut outstanding: std::collections::HashSet<String> = Default::default();
+    let mut version = 0u64;
     loop {
         tokio::select! {
             request = stream.next_request() => {
                 let Some(request) = request else { return };
                 let Some(ty) = ResourceType::from_type_url(&request.type_url) else { continue };
-                if !request.response_nonce.is_empty() || held.contains_key(&ty) {
-                    continue; // an ACK or NACK
+                if !request.response_nonce.is_empty() {
+                    outstanding.remove(&request.response_nonce);
+                } else if !held.contains_key(&ty) {
+                    let client = request.initial_resource_versions.clone();
+                    let client = held.entry(ty).or_insert(client);
+                    let (at, sent) = push(&stream, &shared, ty, client, &mut nonce, true);
+                    version = if held.len() == 1 { at } else { version.min(at) };
+                    outstanding.extend(sent);
                 }
-                let client: BTreeMap<String, String> = request.initial_resource_versions.clone().into_iter().collect();
-                held.insert(ty, client);
-                push(&stream, &shared, ty, held.get_mut(&ty).expect("just inserted"), &mut nonce, true);
             }
             result = changed.changed() => {
                 if result.is_err() {
                     return;
                 }
+                let mut round = u64::MAX;
                 for (ty, client) in &mut held {
-                    push(&stream, &shared, *ty, client, &mut nonce, false);
+                    let (at, sent) = push(&stream, &shared, *ty, client, &mut nonce, false);
+                    round = round.min(at);
+                    outstanding.extend(sent);
+                }
+                if round != u64::MAX {
+                    version = round;
                 }
             }
+        }
+        if held.len() == ResourceType::ALL.len() && outstanding.is_empty() {
+            shared.streams().open.insert(id, Some(version));
         }
     }
 }
 
-/// Sends `client` what brings it to the current set of `ty` (always at least one response when `first`).
+/// Sends `client` what brings it to the current set of `ty` (always at least one response when `first`); returns
+/// the resources version it was brought to and the nonces sent.
 fn push(
     stream: &FakeStream,
     shared: &Shared,
@@ -415,7 +459,7 @@ fn push(
     client: &mut BTreeMap<String, String>,
     nonce: &mut u64,
     first: bool,
-) {
+) -> (u64, Vec<String>) {
     let (upserts, removed, version) = {
         let r = shared.resources();
         let empty = BTreeMap::new();
@@ -429,7 +473,7 @@ fn push(
         (upserts, removed, r.version)
     };
     if upserts.is_empty() && removed.is_empty() && !first {
-        return;
+        return (version, Vec::new());
     }
     for name in &removed {
         client.remove(name);
@@ -442,8 +486,10 @@ fn push(
         chunks.push(Vec::new());
     }
     let mut removed = Some(removed);
+    let mut sent = Vec::new();
     for resources in chunks {
         *nonce += 1;
+        sent.push(nonce.to_string());
         stream.send(DeltaDiscoveryResponse {
             type_url: ty.type_url().to_owned(),
             system_version_info: version.to_string(),
@@ -452,4 +498,5 @@ fn push(
             removed_resources: removed.take().unwrap_or_default(),
         });
     }
+    (version, sent)
 }
