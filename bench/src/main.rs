@@ -14,6 +14,7 @@ mod iperf;
 mod istio_node;
 mod istio_ref;
 mod istiod_policy;
+mod istiod_scale;
 mod load;
 mod node_scale;
 mod pod_rules;
@@ -54,6 +55,9 @@ enum Scenario {
     /// On the real node (`scripts/cluster.sh up`), with Istio's istiod and our proxy in istiod mode: the time from an
     /// AuthorizationPolicy change stored in the API server to its enforcement (skipped without a real node).
     IstiodPolicy,
+    /// One proxy in istiod mode fed N workloads (10,000; a few hundred with `--quick`) by the fake istiod: its
+    /// memory with none and with N known, and the time from a DENY pushed over xDS to the first refusal.
+    IstiodScale,
 }
 
 impl Scenario {
@@ -70,6 +74,7 @@ impl Scenario {
             Scenario::Fleet => Counts { warmup: 0, iterations: 25 },
             Scenario::HostileBuffers => Counts { warmup: 0, iterations: 1 },
             Scenario::IstiodPolicy => Counts { warmup: 2, iterations: 20 },
+            Scenario::IstiodScale => Counts { warmup: 2, iterations: 20 },
         }
     }
 
@@ -87,6 +92,7 @@ impl Scenario {
             Scenario::Fleet => Counts { warmup: 0, iterations: 2 },
             Scenario::HostileBuffers => Counts { warmup: 0, iterations: 1 },
             Scenario::IstiodPolicy => Counts { warmup: 0, iterations: 1 },
+            Scenario::IstiodScale => Counts { warmup: 0, iterations: 3 },
         }
     }
 }
@@ -142,6 +148,7 @@ fn main() -> anyhow::Result<()> {
             Scenario::Fleet => fleet::run(counts, args.quick),
             Scenario::HostileBuffers => hostile_buffers::run(args.quick),
             Scenario::IstiodPolicy => istiod_policy::run(counts),
+            Scenario::IstiodScale => istiod_scale::run(counts, args.quick),
         };
         if args.quick {
             println!("\n{}", section.render_as("`scripts/bench.sh --quick` (debug build, few rounds: not comparable)"));
