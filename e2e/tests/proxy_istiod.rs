@@ -238,11 +238,20 @@ fn with_istiod_away_connections_keep_working_and_a_policy_pushed_after_its_retur
     // An observation window, not a wait: every few seconds over a minute, a new connection from A to B.
     let away = Instant::now();
     let mut samples = 0;
+    let two = &mesh.nodes.two.cluster;
     let failed = within_every(away, Duration::from_secs(60), Duration::from_secs(5), || {
         samples += 1;
-        (!echoed(&a, &b)).then(|| away.elapsed())
+        let before = mutual_tls_from(two, &spiffe("a-sa"));
+        if !echoed(&a, &b) {
+            return Some(format!("a new connection failed {:?} after istiod left", away.elapsed()));
+        }
+        // Over mTLS as A, not in plaintext: B's proxy counts it from A's certificate identity.
+        let counted = testbed::wait::within(Instant::now(), Duration::from_secs(5), || {
+            (mutual_tls_from(two, &spiffe("a-sa")) > before).then_some(())
+        });
+        counted.is_none().then(|| format!("a connection {:?} after istiod left was not mTLS from A", away.elapsed()))
     });
-    assert_eq!(failed, None, "a new connection failed with istiod away");
+    assert_eq!(failed, None, "with istiod away");
     assert!(samples >= 10, "sampled {samples} times over the minute");
     assert_eq!(mesh.istiod.streams().1, 0, "no stream to istiod is open while it is away");
     for node in 0..2 {
@@ -253,6 +262,9 @@ fn with_istiod_away_connections_keep_working_and_a_policy_pushed_after_its_retur
         let dump = mesh.side(node).proxy.config_dump().expect("config dump");
         let listed = mesh.side(node).proxy.listed_workloads("istiod").expect("workloads");
         assert_eq!(listed.len(), 2, "node {} still lists both pods: {dump}", node + 1);
+        let sa = ["a-sa", "b-sa"][node];
+        let state = certificate_state(&dump, &spiffe(sa)).map(|(state, _)| state);
+        assert_eq!(state.as_deref(), Some("Available"), "node {} keeps its pod's certificate: {dump}", node + 1);
     }
 
     mesh.istiod.start();
