@@ -425,6 +425,8 @@ impl FakeCa {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 let Ok((tcp, _)) = listener.accept().await else { continue };
+                // As istiod's (Go sets TCP_NODELAY on every connection): no Nagle delay on small writes.
+                let _ = tcp.set_nodelay(true);
                 let (acceptor, ca, mut kicked) = (acceptor.clone(), ca.clone(), kicked.clone());
                 kicked.mark_unchanged();
                 connections.spawn(async move {

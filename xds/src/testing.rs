@@ -165,6 +165,8 @@ impl FakeIstiod {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 let Ok((tcp, _)) = listener.accept().await else { continue };
+                // As istiod's (Go sets TCP_NODELAY on every connection): no Nagle delay on small writes.
+                let _ = tcp.set_nodelay(true);
                 let (acceptor, shared, streams_tx) = (acceptor.clone(), task_shared.clone(), streams_tx.clone());
                 let mut frozen = frozen.clone();
                 connections.spawn(async move {
