@@ -155,7 +155,7 @@ fn certificate_state(dump: &Value, identity: &str) -> Option<(String, String)> {
     Some((cert["state"].as_str()?.to_owned(), cert["issuer"].as_str().unwrap_or_default().to_owned()))
 }
 
-/// What `mutual_tls` traffic node `node`'s proxy reports as the destination, from `source_principal`.
+/// The connections `cluster`'s proxy opened as the destination over `mutual_tls` from `source` (`source_principal`).
 fn mutual_tls_from(cluster: &Cluster, source: &str) -> f64 {
     let matchers = [
         (label::REPORTER, REPORTER_DESTINATION),

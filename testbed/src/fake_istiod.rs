@@ -18,6 +18,8 @@
 //!   [`FakeControlPlane::start`] serves again on the same addresses with the same TLS certificates, so the proxies'
 //!   roots still hold;
 //! - a test thread never blocks on the runtime for longer than one short call; nothing here sleeps.
+//!
+//! The xDS server checks no token (the proxies of different nodes hold different ones); the CA checks each.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -150,11 +152,15 @@ impl FakeControlPlane {
         self.runtime.as_ref().expect("the runtime lives as long as the fake")
     }
 
-    /// Binds `0.0.0.0:port` inside the fake's netns.
+    /// Binds `0.0.0.0:port` inside the fake's netns. A port given again is retried while in use: the listener of
+    /// the previous start closes as its aborted task is dropped, on the runtime's threads.
     fn bind(&self, port: u16) -> TcpListener {
         let ns = netns::Netns::open(&self.netns).expect("open the fake istiod's netns");
-        let bound = ns.run(|| TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))).expect("enter the netns");
-        bound.unwrap_or_else(|e| panic!("bind the fake istiod on port {port}: {e}"))
+        let bind = || ns.run(|| TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))).expect("enter the netns");
+        if port == 0 {
+            return bind().unwrap_or_else(|e| panic!("bind the fake istiod: {e}"));
+        }
+        crate::wait::eventually(&format!("the fake istiod's port {port} is free again"), || bind().ok())
     }
 
     /// (Re)starts serving on the same ports (ephemeral ones the first time). Starting a running fake changes nothing.
