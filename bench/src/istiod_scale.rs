@@ -120,11 +120,7 @@ pub fn run(counts: Counts, quick: bool) -> Section {
     fake.set_workloads(workloads);
     let version = fake.version();
     // Waiting on the proxy's ACK rather than its `/config_dump`, whose JSON would be in the memory reading.
-    let deadline = Instant::now() + LIMIT;
-    while fake.synced_streams(version) < 1 {
-        assert!(Instant::now() < deadline, "{NAME}: the proxy did not apply the {n} workloads within {LIMIT:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    assert!(fake.wait_synced(version, 1, LIMIT), "{NAME}: the proxy did not apply the {n} workloads within {LIMIT:?}");
     let applied = pushed.elapsed();
     std::thread::sleep(settle);
     let full = rss_kib(proxy.pid());
@@ -159,15 +155,26 @@ pub fn run(counts: Counts, quick: bool) -> Section {
         ..Default::default()
     };
     let (mut denied, mut lifted) = (Vec::new(), Vec::new());
+    let mut acked = Vec::new();
     for round in 0..counts.warmup + counts.iterations {
         let at = Instant::now();
         fake.set_policy(deny.clone());
-        let took = until_outcome(&ns, target, false).saturating_duration_since(at);
+        let version = fake.version();
+        // The proxy's ACK of the push (it ACKs once applied), watched beside the probes.
+        let (took, ack) = std::thread::scope(|scope| {
+            let ack = scope.spawn(|| {
+                assert!(fake.wait_synced(version, 1, LIMIT), "{NAME}: the proxy never ACKed the DENY");
+                at.elapsed()
+            });
+            let took = until_outcome(&ns, target, false).saturating_duration_since(at);
+            (took, ack.join().expect("ACK watcher"))
+        });
         let at = Instant::now();
         fake.remove(ResourceType::Authorization, &format!("{NS}/deny-client"));
         let back = until_outcome(&ns, target, true).saturating_duration_since(at);
         if round >= counts.warmup {
             denied.push(took);
+            acked.push(ack);
             lifted.push(back);
         }
     }
@@ -175,7 +182,7 @@ pub fn run(counts: Counts, quick: bool) -> Section {
     fake.stop();
     drop(proxy);
 
-    let (d, l) = (Summary::of(&denied), Summary::of(&lifted));
+    let (d, a, l) = (Summary::of(&denied), Summary::of(&acked), Summary::of(&lifted));
     let ms = |x: Duration| x.as_secs_f64() * 1000.0;
     let mib = |kib: u64| kib as f64 / 1024.0;
     let per = (full.saturating_sub(empty) * 1024) as f64 / n as f64;
@@ -196,6 +203,7 @@ pub fn run(counts: Counts, quick: bool) -> Section {
          rounds after {} untimed; no istiod debounce is included (the `istiod-policy` scenario has the real \
          istiod's).\n\n\
          | change | median | p90 | max |\n|---|---:|---:|---:|\n\
+         | DENY pushed → the proxy's ACK (applied) | {:.1} ms | {:.1} ms | {:.1} ms |\n\
          | DENY pushed → first connection refused | {:.1} ms | {:.1} ms | {:.1} ms |\n\
          | DENY removed → first connection answered | {:.1} ms | {:.1} ms | {:.1} ms |\n",
         mib(empty),
@@ -204,6 +212,9 @@ pub fn run(counts: Counts, quick: bool) -> Section {
         ms(probe),
         counts.iterations,
         counts.warmup,
+        ms(a.median),
+        ms(a.p90),
+        ms(*acked.iter().max().expect("rounds ran")),
         ms(d.median),
         ms(d.p90),
         ms(*denied.iter().max().expect("rounds ran")),

@@ -88,9 +88,10 @@ impl Mesh {
     /// Waits until both proxies have applied (ACKed) istiod's current resource set.
     fn await_synced(&self) {
         let version = self.istiod.version();
-        eventually("both proxies ACKed istiod's latest push", || {
-            (self.istiod.synced_streams(version) == 2).then_some(())
-        });
+        assert!(
+            self.istiod.wait_synced(version, 2, Duration::from_secs(10)),
+            "both proxies ACKed istiod's latest push"
+        );
     }
 
     /// Connections node `node`'s proxy refused by policy.

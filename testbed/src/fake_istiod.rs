@@ -9,8 +9,8 @@
 //!   ([`FakeControlPlane::set_workload`], [`FakeControlPlane::set_policy`], the removals) is pushed to every open
 //!   stream as the upserts and removals that bring it to the current set;
 //! - it tells how many open streams have applied a given version of the set (the client ACKed, or NACKed, every
-//!   response that brought it there: [`FakeControlPlane::synced_streams`]), so a test can wait for the proxies to
-//!   have a change instead of guessing;
+//!   response that brought it there: [`FakeControlPlane::synced_streams`], [`FakeControlPlane::wait_synced`]), so a
+//!   test can wait for the proxies to have a change instead of guessing;
 //! - the CA signs a proxy's impersonated requests for the pods the test placed on the proxy's node
 //!   ([`FakeControlPlane::add_node`] registers the proxy's token, its own pod and the trusted node account;
 //!   [`FakeControlPlane::place_pod`] a pod), and refuses the others as istiod does;
@@ -60,6 +60,8 @@ struct Shared {
     /// Bumped at every change; each stream pushes the difference.
     changed: watch::Sender<u64>,
     streams: Mutex<Streams>,
+    /// Bumped whenever a stream opens, closes or gets further in sync.
+    streams_changed: watch::Sender<u64>,
 }
 
 /// The ADS streams: how many were accepted, and each open one with the resources version its client has ACKed
@@ -129,7 +131,12 @@ impl FakeControlPlane {
             .build()
             .expect("the fake istiod's runtime");
         let (changed, _) = watch::channel(0);
-        let shared = Arc::new(Shared { resources: Mutex::default(), changed, streams: Mutex::default() });
+        let shared = Arc::new(Shared {
+            resources: Mutex::default(),
+            changed,
+            streams: Mutex::default(),
+            streams_changed: watch::channel(0).0,
+        });
         let ca = FakeCa::new(TRUST_DOMAIN, mesh_ca::clock::Clock::System);
         let mut fake = FakeControlPlane {
             runtime: Some(runtime),
@@ -223,6 +230,21 @@ impl FakeControlPlane {
     /// every response that carried it: the proxies that have applied it (a proxy ACKs after applying).
     pub fn synced_streams(&self, version: u64) -> usize {
         self.shared.streams().open.values().filter(|synced| synced.is_some_and(|v| v >= version)).count()
+    }
+
+    /// Waits (woken by each stream's progress, no polling) until at least `streams` open streams are synced to
+    /// `version` ([`FakeControlPlane::synced_streams`]); whether they were within `limit`.
+    pub fn wait_synced(&self, version: u64, streams: usize, limit: std::time::Duration) -> bool {
+        let mut changed = self.shared.streams_changed.subscribe();
+        let wait = async {
+            while self.synced_streams(version) < streams {
+                if changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        self.runtime().block_on(async { tokio::time::timeout(limit, wait).await.is_ok() })
+            && self.synced_streams(version) >= streams
     }
 
     /// Registers a node proxy running as pod `proxy_pod` (namespace [`PROXY_NAMESPACE`], service account
@@ -406,6 +428,7 @@ struct Open(u64, Arc<Shared>);
 impl Drop for Open {
     fn drop(&mut self) {
         self.1.streams().open.remove(&self.0);
+        self.1.streams_changed.send_modify(|n| *n += 1);
     }
 }
 
@@ -451,7 +474,10 @@ async fn serve_stream(id: u64, mut stream: FakeStream, shared: Arc<Shared>) {
             }
         }
         if held.len() == ResourceType::ALL.len() && outstanding.is_empty() {
-            shared.streams().open.insert(id, Some(version));
+            let before = shared.streams().open.insert(id, Some(version));
+            if before != Some(Some(version)) {
+                shared.streams_changed.send_modify(|n| *n += 1);
+            }
         }
     }
 }
