@@ -52,6 +52,9 @@ const RESOURCES_PER_RESPONSE: usize = 1000;
 struct Resources {
     version: u64,
     by_type: HashMap<ResourceType, BTreeMap<String, Resource>>,
+    /// The version each type last changed at: a push skips the types a stream already has (no diff of 10,000
+    /// workloads for a policy change).
+    changed_at: HashMap<ResourceType, u64>,
 }
 
 /// State shared with the runtime's tasks.
@@ -321,7 +324,7 @@ impl FakeControlPlane {
 
     /// Sets many workloads at once (one push).
     pub fn set_workloads(&self, workloads: impl IntoIterator<Item = Workload>) {
-        self.change(|r| {
+        self.change(ResourceType::Address, |r| {
             for workload in workloads {
                 let name = workload.uid.clone();
                 let address = Address { r#type: Some(address::Type::Workload(workload)) };
@@ -343,7 +346,7 @@ impl FakeControlPlane {
     /// Removes a resource of type `ty` by name (a workload's uid, a policy's `namespace/name`) and pushes the
     /// removal.
     pub fn remove(&self, ty: ResourceType, name: &str) {
-        self.change(|r| {
+        self.change(ty, |r| {
             if let Some(set) = r.by_type.get_mut(&ty) {
                 set.remove(name);
             }
@@ -352,22 +355,24 @@ impl FakeControlPlane {
 
     /// Removes every workload (one push).
     pub fn remove_all_workloads(&self) {
-        self.change(|r| {
+        self.change(ResourceType::Address, |r| {
             r.by_type.remove(&ResourceType::Address);
         });
     }
 
     fn set(&self, ty: ResourceType, name: &str, make: impl FnOnce(&str) -> Resource) {
-        self.change(|r| {
+        self.change(ty, |r| {
             let res = make(&r.version.to_string());
             r.by_type.entry(ty).or_default().insert(name.to_owned(), res);
         });
     }
 
-    fn change(&self, apply: impl FnOnce(&mut Resources)) {
+    fn change(&self, ty: ResourceType, apply: impl FnOnce(&mut Resources)) {
         let version = {
             let mut r = self.shared.resources();
             r.version += 1;
+            let version = r.version;
+            r.changed_at.insert(ty, version);
             apply(&mut r);
             r.version
         };
@@ -438,7 +443,7 @@ async fn serve_stream(id: u64, mut stream: FakeStream, shared: Arc<Shared>) {
     let _open = Open(id, shared.clone());
     let mut changed = shared.changed.subscribe();
     // Per subscribed type: name -> version the client holds.
-    let mut held: HashMap<ResourceType, BTreeMap<String, String>> = HashMap::new();
+    let mut held: HashMap<ResourceType, Held> = HashMap::new();
     let mut nonce = 0u64;
     // Responses not answered yet, and the resources version the ones sent so far bring the client to.
     let mut outstanding: std::collections::HashSet<String> = Default::default();
@@ -451,8 +456,8 @@ async fn serve_stream(id: u64, mut stream: FakeStream, shared: Arc<Shared>) {
                 if !request.response_nonce.is_empty() {
                     outstanding.remove(&request.response_nonce);
                 } else if !held.contains_key(&ty) {
-                    let client = request.initial_resource_versions.clone();
-                    let client = held.entry(ty).or_insert(client);
+                    let names = request.initial_resource_versions.clone();
+                    let client = held.entry(ty).or_insert(Held { names, seen: 0 });
                     let (at, sent) = push(&stream, &shared, ty, client, &mut nonce, true);
                     version = if held.len() == 1 { at } else { version.min(at) };
                     outstanding.extend(sent);
@@ -482,36 +487,48 @@ async fn serve_stream(id: u64, mut stream: FakeStream, shared: Arc<Shared>) {
     }
 }
 
+/// What a stream's client holds of one type: name -> version, and the resources version it was last brought to.
+struct Held {
+    names: BTreeMap<String, String>,
+    seen: u64,
+}
+
 /// Sends `client` what brings it to the current set of `ty` (always at least one response when `first`); returns
 /// the resources version it was brought to and the nonces sent.
 fn push(
     stream: &FakeStream,
     shared: &Shared,
     ty: ResourceType,
-    client: &mut BTreeMap<String, String>,
+    client: &mut Held,
     nonce: &mut u64,
     first: bool,
 ) -> (u64, Vec<String>) {
     let (upserts, removed, version) = {
         let r = shared.resources();
+        if !first && r.changed_at.get(&ty).is_none_or(|at| *at <= client.seen) {
+            client.seen = r.version;
+            return (r.version, Vec::new());
+        }
         let empty = BTreeMap::new();
         let current = r.by_type.get(&ty).unwrap_or(&empty);
+        let held = &client.names;
         let upserts: Vec<Resource> = current
             .iter()
-            .filter(|(name, res)| client.get(*name) != Some(&res.version))
+            .filter(|(name, res)| held.get(*name) != Some(&res.version))
             .map(|(_, res)| res.clone())
             .collect();
-        let removed: Vec<String> = client.keys().filter(|name| !current.contains_key(*name)).cloned().collect();
+        let removed: Vec<String> = held.keys().filter(|name| !current.contains_key(*name)).cloned().collect();
         (upserts, removed, r.version)
     };
+    client.seen = version;
     if upserts.is_empty() && removed.is_empty() && !first {
         return (version, Vec::new());
     }
     for name in &removed {
-        client.remove(name);
+        client.names.remove(name);
     }
     for res in &upserts {
-        client.insert(res.name.clone(), res.version.clone());
+        client.names.insert(res.name.clone(), res.version.clone());
     }
     let mut chunks: Vec<Vec<Resource>> = upserts.chunks(RESOURCES_PER_RESPONSE).map(<[Resource]>::to_vec).collect();
     if chunks.is_empty() {
