@@ -116,8 +116,9 @@ pub fn run(counts: Counts, quick: bool) -> Section {
     for (name, p) in [("client", &client), ("server", &server)] {
         workloads.push(pod_workload(NS, name, name, IpAddr::V4(p.ip), NODE));
     }
-    let pushed = Instant::now();
+    // The fake encodes the resources as they are set, before its streams push them: timed from the push.
     fake.set_workloads(workloads);
+    let pushed = Instant::now();
     let version = fake.version();
     // Waiting on the proxy's ACK rather than its `/config_dump`, whose JSON would be in the memory reading.
     assert!(fake.wait_synced(version, 1, LIMIT), "{NAME}: the proxy did not apply the {n} workloads within {LIMIT:?}");
@@ -194,8 +195,8 @@ pub fn run(counts: Counts, quick: bool) -> Section {
          enrolled.\n\n\
          | known workloads | proxy RSS |\n|---:|---:|\n\
          | 0 | {:.1} MiB |\n| {n} | {:.1} MiB |\n\n\
-         Memory per known workload: {per:.0} bytes. From the push to the proxy's ACK of all {n} (applied): \
-         {:.0} ms.\n\n\
+         Memory per known workload: {per:.0} bytes. From the push (the fake's diff, then {} response(s) of at \
+         most 1,000) to the proxy's ACK of all {n} (applied): {:.0} ms.\n\n\
          A client pod probes a server pod of the same node over HBONE (`SAME_NODE_FAST_PATH=false`) with a new \
          connection every millisecond or so; each round pushes a DENY of the client's identity over xDS and times \
          to the end of the first refused probe (when the client sees the refusal), then removes it and times to \
@@ -208,6 +209,7 @@ pub fn run(counts: Counts, quick: bool) -> Section {
          | DENY removed → first connection answered | {:.1} ms | {:.1} ms | {:.1} ms |\n",
         mib(empty),
         mib(full),
+        (n + 2).div_ceil(1000),
         ms(applied),
         ms(probe),
         counts.iterations,
