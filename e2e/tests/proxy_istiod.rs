@@ -4,8 +4,8 @@
 //! (impersonated requests for the pods of each proxy's node):
 //! - pods on the two nodes talk over HBONE mTLS with the CA's certificates, and a DENY policy pushed over xDS stops
 //!   new connections until an ALLOW replaces it;
-//! - with istiod away, new connections keep working on the last state, and once it is back a policy pushed after
-//!   the reconnect is enforced;
+//! - with istiod away, new connections keep working on the last state, and once it is back the proxies drop what
+//!   it removed meanwhile and a policy pushed after the reconnect is enforced;
 //! - a pod whose certificate the CA refuses is not served: its CNI ADD fails with istiod's refusal.
 
 use std::io::{self, Read, Write};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use istio_contract::telemetry::{label, REPORTER_DESTINATION, SECURITY_POLICY_MUTUAL_TLS};
 use serde_json::Value;
-use testbed::fake_istiod::{exact, pod_workload, FakeControlPlane, TRUST_DOMAIN};
+use testbed::fake_istiod::{exact, pod_uid, pod_workload, FakeControlPlane, TRUST_DOMAIN};
 use testbed::wait::{eventually, eventually_or, within_every};
 use testbed::{Cluster, Pod};
 use xds::wire::security::{Action, Authorization, Group, Match, Rules, Scope};
@@ -223,19 +223,23 @@ fn pods_on_two_nodes_talk_over_mtls_with_istiods_certificates_and_obey_its_polic
 }
 
 /// istiod away: the proxies keep the last workloads, policies and certificates, so new connections between the pods
-/// keep working while it is gone; once it is back, the proxies reconnect and a policy pushed then is enforced.
+/// keep working while it is gone; once it is back, the proxies reconnect, drop the workload istiod removed meanwhile,
+/// and a policy pushed then is enforced.
 #[test]
 fn with_istiod_away_connections_keep_working_and_a_policy_pushed_after_its_return_is_enforced() {
     let mut mesh = Mesh::start();
     let a = mesh.pod(0, "a", "a-sa");
     let b = mesh.pod(1, "b", "b-sa");
-    mesh.await_listed(&["a", "b"]);
+    // A workload of a third node, which istiod forgets while the proxies cannot hear it.
+    mesh.istiod.set_workload(pod_workload(NS, "gone", "gone-sa", "10.99.0.1".parse().expect("IP"), "node-3"));
+    mesh.await_listed(&["a", "b", "gone"]);
     let _echoes = echo_app(listen_on(&b, APP_PORT));
     eventually("A reaches B", || echoed(&a, &b).then_some(()));
     let (accepted, open) = mesh.istiod.streams();
     assert_eq!(open, 2, "both proxies hold a stream to istiod");
 
     mesh.istiod.stop();
+    mesh.istiod.remove(ResourceType::Address, &pod_uid(NS, "gone"));
     // An observation window, not a wait: every few seconds over a minute, a new connection from A to B.
     let away = Instant::now();
     let mut samples = 0;
@@ -262,7 +266,7 @@ fn with_istiod_away_connections_keep_working_and_a_policy_pushed_after_its_retur
     for node in 0..2 {
         let dump = mesh.side(node).proxy.config_dump().expect("config dump");
         let listed = mesh.side(node).proxy.listed_workloads("istiod").expect("workloads");
-        assert_eq!(listed.len(), 2, "node {} still lists both pods: {dump}", node + 1);
+        assert_eq!(listed.len(), 3, "node {} still lists what istiod last said: {dump}", node + 1);
         let sa = ["a-sa", "b-sa"][node];
         let state = certificate_state(&dump, &spiffe(sa)).map(|(state, _)| state);
         assert_eq!(state.as_deref(), Some("Available"), "node {} keeps its pod's certificate: {dump}", node + 1);
@@ -274,6 +278,8 @@ fn with_istiod_away_connections_keep_working_and_a_policy_pushed_after_its_retur
         let synced = mesh.istiod.synced_streams(mesh.istiod.version());
         (now_accepted >= accepted + 2 && open == 2 && synced == 2).then_some(())
     });
+    // The removal made while they were away reached them (from what they said they held on reconnecting).
+    mesh.await_listed(&["a", "b"]);
     let refused = mesh.refused(1);
     mesh.istiod.set_policy(deny_from("deny-a", "a-sa"));
     mesh.await_synced();
