@@ -6,10 +6,9 @@
 //! `MTLS_MODE=STRICT`, a `requireMtls` destination outside the mesh, a B that is not the identity the directory
 //! lists. With `SAME_NODE_FAST_PATH=false` the same connection crosses the bridge as HBONE on 15008.
 
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use istio_contract::ports;
 use istio_contract::telemetry::{
@@ -19,12 +18,14 @@ use serde_json::json;
 use testbed::node::BRIDGE;
 use testbed::node_agent::uid;
 use testbed::wait::eventually;
-use testbed::{NetnsGuard, Pod};
+use testbed::NetnsGuard;
 
 mod support;
 use support::metrics::{scrape, sum};
 use support::traffic::{echo_app, transfer, Payload};
-use support::{listen_on, plain_member, workload, write_workloads, Scene, APP_PORT, B_SA, HBONE_ON_ONE_NODE, NS, TD};
+use support::{
+    listen_on, plain_member, say_hello, workload, write_workloads, Scene, APP_PORT, B_SA, HBONE_ON_ONE_NODE, NS, TD,
+};
 
 /// Bytes each way in the transfers: many pipes' worth.
 const PAYLOAD: u64 = 8 * 1024 * 1024;
@@ -73,19 +74,6 @@ fn bridged(node: &NetnsGuard, name: &str) -> u64 {
 fn a_and_b_exchange(scene: &Scene) -> SocketAddr {
     let (a_data, b_data) = (Payload::new(1, PAYLOAD), Payload::new(2, PAYLOAD));
     transfer(scene.b_listener(), || scene.a_connects_to_b(), a_data, b_data)
-}
-
-/// An app in `from` sends [`HELLO`] to `to`:8080, shuts down its write side and reads to the end: what came back.
-fn say_hello(from: &Pod, to: &Pod) -> io::Result<Vec<u8>> {
-    let dst = SocketAddr::from((to.ip, APP_PORT));
-    let ns = from.netns.open().expect("open pod netns");
-    let mut stream = ns.run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10))).expect("enter pod netns")?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.write_all(HELLO)?;
-    stream.shutdown(Shutdown::Write)?;
-    let mut back = Vec::new();
-    stream.read_to_end(&mut back)?;
-    Ok(back)
 }
 
 /// The `istio_tcp_*` byte counter `name` of the fast path as `reporter` reports it, between A (`a-sa`) and B.
@@ -183,13 +171,13 @@ fn strict_mtls_mode_still_refuses_plaintext_inbound_and_lets_the_fast_path_in() 
     let outsider = plain_member(&scene.cluster, "n");
     let accepted = echo_app(scene.b_listener());
 
-    let refused = say_hello(&outsider, &scene.b);
+    let refused = say_hello(&outsider, &scene.b, HELLO);
     assert!(refused.as_ref().map_or(true, Vec::is_empty), "plaintext got through in STRICT mode: {refused:?}");
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "B's app never saw the plaintext connection");
     let logged = "plaintext refused: MTLS_MODE=STRICT";
     eventually("the access log tells", || scene.proxy.log().contains(logged).then_some(()));
 
-    assert_eq!(say_hello(&scene.a, &scene.b).expect("A over the fast path"), HELLO, "mesh traffic still flows");
+    assert_eq!(say_hello(&scene.a, &scene.b, HELLO).expect("A over the fast path"), HELLO, "mesh traffic still flows");
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
     let node = scene.cluster.node.netns();
     assert_eq!(bridged(node, "hbone") + bridged(node, "between"), 0, "it took the fast path: nothing on the bridge");
@@ -212,12 +200,12 @@ fn a_destination_that_requires_mtls_but_is_not_in_the_mesh_is_still_refused() {
     ];
     write_workloads(&scene.proxy, &scene.workloads(), listing);
 
-    let refused = say_hello(&scene.a, &outsider);
+    let refused = say_hello(&scene.a, &outsider, HELLO);
     assert!(refused.as_ref().map_or(true, Vec::is_empty), "reached in plaintext despite requireMtls: {refused:?}");
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "C's app never saw the refused connection");
     eventually("the access log tells", || scene.proxy.log().contains("requires mTLS").then_some(()));
     let _b_app = echo_app(scene.b_listener());
-    assert_eq!(say_hello(&scene.a, &scene.b).expect("A to B"), HELLO, "A still reaches B");
+    assert_eq!(say_hello(&scene.a, &scene.b, HELLO).expect("A to B"), HELLO, "A still reaches B");
     eventually("over the fast path", || scene.proxy.log().contains("protocol=\"SAME_NODE\"").then_some(()));
 }
 
@@ -227,13 +215,13 @@ fn a_destination_that_requires_mtls_but_is_not_in_the_mesh_is_still_refused() {
 fn a_pod_enrolled_as_another_identity_than_listed_is_not_reached() {
     let scene = scene("other", &[]);
     let accepted = echo_app(scene.b_listener());
-    let refused = say_hello(&scene.a, &scene.b);
+    let refused = say_hello(&scene.a, &scene.b, HELLO);
     assert!(refused.as_ref().map_or(true, Vec::is_empty), "A reached a B that is not the listed identity: {refused:?}");
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "B's app never saw the connection");
     assert!(!scene.proxy.log().contains("protocol=\"SAME_NODE\""), "no connection took the fast path");
 
     scene.list_b_as(B_SA);
-    assert_eq!(say_hello(&scene.a, &scene.b).expect("A to B listed as itself"), HELLO);
+    assert_eq!(say_hello(&scene.a, &scene.b, HELLO).expect("A to B listed as itself"), HELLO);
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
     eventually("over the fast path", || scene.proxy.log().contains("protocol=\"SAME_NODE\"").then_some(()));
 }

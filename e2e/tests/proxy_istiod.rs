@@ -8,8 +8,7 @@
 //!   it removed meanwhile and a policy pushed after the reconnect is enforced;
 //! - a pod whose certificate the CA refuses is not served: its CNI ADD fails with istiod's refusal.
 
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use istio_contract::telemetry::{label, REPORTER_DESTINATION, SECURITY_POLICY_MUTUAL_TLS};
@@ -23,7 +22,7 @@ use xds::wire::ResourceType;
 mod support;
 use support::traffic::echo_app;
 use support::two_nodes::{NodeSide, TwoNodes, LINK};
-use support::{ambient_member, listen_on, APP_PORT, NS};
+use support::{ambient_member, listen_on, say_hello, APP_PORT, NS};
 
 const HELLO: &[u8] = b"hello across nodes through istiod's mesh";
 /// The node names the proxies are given (`NODE_NAME`) and their pods are placed on.
@@ -108,22 +107,9 @@ fn spiffe(sa: &str) -> String {
     format!("spiffe://{TRUST_DOMAIN}/ns/{NS}/sa/{sa}")
 }
 
-/// An app in `from` sends [`HELLO`] to `to`:8080, half-closes and reads to the end: what came back.
-fn say_hello(from: &Pod, to: &Pod) -> io::Result<Vec<u8>> {
-    let dst = SocketAddr::from((to.ip, APP_PORT));
-    let ns = from.netns.open().expect("open pod netns");
-    let mut stream = ns.run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10))).expect("enter pod netns")?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.write_all(HELLO)?;
-    stream.shutdown(Shutdown::Write)?;
-    let mut back = Vec::new();
-    stream.read_to_end(&mut back)?;
-    Ok(back)
-}
-
 /// Whether a new connection from `from` to `to`'s echo app gets its bytes echoed.
 fn echoed(from: &Pod, to: &Pod) -> bool {
-    say_hello(from, to).is_ok_and(|back| back == HELLO)
+    say_hello(from, to, HELLO).is_ok_and(|back| back == HELLO)
 }
 
 /// A DENY policy for the workloads of namespace [`NS`] that matches connections from service account `sa`.
@@ -198,7 +184,7 @@ fn pods_on_two_nodes_talk_over_mtls_with_istiods_certificates_and_obey_its_polic
 
     // Across the nodes over mTLS: B's proxy accepted A's connection as A's certificate identity.
     let before = mutual_tls_from(&mesh.nodes.two.cluster, &spiffe("a-sa"));
-    assert_eq!(say_hello(&a, &b).expect("A talks to B"), HELLO, "B's app echoed A's bytes");
+    assert_eq!(say_hello(&a, &b, HELLO).expect("A talks to B"), HELLO, "B's app echoed A's bytes");
     eventually("B's proxy counted an mTLS connection from A's identity", || {
         (mutual_tls_from(&mesh.nodes.two.cluster, &spiffe("a-sa")) > before).then_some(())
     });

@@ -86,6 +86,9 @@ impl Shared {
 }
 
 /// The servers while they run: dropping them closes the listeners and every connection.
+/// How long the streams' tasks may take to go once the servers are stopped.
+const STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 struct Running {
     xds: tokio::task::JoinHandle<()>,
     _ca: FakeCaServer,
@@ -193,9 +196,20 @@ impl FakeControlPlane {
         self.running = Some(running);
     }
 
-    /// Stops serving: both listeners close and every open connection is cut, as when istiod goes away.
+    /// Stops serving: both listeners close and every open connection is cut, as when istiod goes away. Returns once
+    /// every stream's task is gone (aborting is asynchronous), so a change made after it reaches no proxy.
     pub fn stop(&mut self) {
+        let mut changed = self.shared.streams_changed.subscribe();
         drop(self.running.take());
+        let closed = async {
+            while !self.shared.streams().open.is_empty() {
+                if changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let gone = self.runtime().block_on(async { tokio::time::timeout(STOP_LIMIT, closed).await.is_ok() });
+        assert!(gone, "the fake istiod's streams were still open {STOP_LIMIT:?} after it stopped");
     }
 
     /// Whether the servers run.

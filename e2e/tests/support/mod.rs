@@ -196,6 +196,21 @@ pub fn connect_from(pod: &Pod, dst: SocketAddr) -> TcpStream {
     stream
 }
 
+/// An app in `from` sends `hello` to `to`:[`APP_PORT`], shuts down its write side and reads to the end: what came
+/// back (an echo app there sends it all back).
+pub fn say_hello(from: &Pod, to: &Pod, hello: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    let dst = SocketAddr::from((to.ip, APP_PORT));
+    let ns = from.netns.open().expect("open pod netns");
+    let mut stream = ns.run(|| TcpStream::connect_timeout(&dst, Duration::from_secs(10))).expect("enter pod netns")?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(hello)?;
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut back = Vec::new();
+    stream.read_to_end(&mut back)?;
+    Ok(back)
+}
+
 /// An app socket of `pod` listening on `port` (IPv4).
 pub fn listen_on(pod: &Pod, port: u16) -> TcpListener {
     listen_at(pod, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
