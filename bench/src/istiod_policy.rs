@@ -126,14 +126,12 @@ pub fn run(counts: Counts) -> Section {
             lifted.push(back);
         }
     }
-    let (d, l) = (Summary::of(&denied), Summary::of(&lifted));
     drop(istiod);
     for ns in [APP_NS, CLIENT_NS] {
         node.delete_namespace(ns);
     }
     node.helm_install(&[]);
 
-    let ms = |x: Duration| x.as_secs_f64() * 1000.0;
     let body = format!(
         "On the real node (kube-apiserver, kubelet, containerd), Istio's own istiod (`pilot-discovery` from the pinned \
          module, its default debounce) and our proxy installed by our chart with `proxy.controlPlane=istiod`. A client \
@@ -141,20 +139,14 @@ pub fn run(counts: Counts) -> Section {
          each round applies an `AuthorizationPolicy` that denies everything in the app's namespace and times from \
          `kubectl apply` returning (the object stored) to the first refused connection, then deletes it and times to \
          the first answered one. {} rounds after {} untimed.\n\n\
-         | change | median | p90 | max |\n|---|---:|---:|---:|\n\
-         | DENY applied → first connection refused | {:.0} ms | {:.0} ms | {:.0} ms |\n\
-         | DENY deleted → first connection answered | {:.0} ms | {:.0} ms | {:.0} ms |\n\n\
+         | change | median | p90 | max |\n|---|---:|---:|---:|\n{}{}\n\
          The figures include istiod's debounce (`PILOT_DEBOUNCE_AFTER`, 100 ms by default) and the prober's \
          {} ms period.\n",
         PROBE_EVERY.as_millis(),
         counts.iterations,
         counts.warmup,
-        ms(d.median),
-        ms(d.p90),
-        ms(*denied.iter().max().expect("rounds ran")),
-        ms(l.median),
-        ms(l.p90),
-        ms(*lifted.iter().max().expect("rounds ran")),
+        Summary::ms_row("DENY applied → first connection refused", &denied, 0),
+        Summary::ms_row("DENY deleted → first connection answered", &lifted, 0),
         PROBE_EVERY.as_millis(),
     );
     Section { name: NAME, title: TITLE.into(), body }

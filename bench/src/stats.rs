@@ -23,6 +23,20 @@ impl Summary {
         Summary { median: rank(0.5), p90: rank(0.9), p99: rank(0.99) }
     }
 
+    /// A row `| label | median | p90 | max |` of `samples` in milliseconds with `decimals` places (the max, not the
+    /// p99: these rows summarize a few dozen rounds). Panics on an empty set, as [`Summary::of`].
+    pub fn ms_row(label: &str, samples: &[Duration], decimals: usize) -> String {
+        let s = Summary::of(samples);
+        let max = samples.iter().max().copied().unwrap_or_default();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        format!(
+            "| {label} | {:.decimals$} ms | {:.decimals$} ms | {:.decimals$} ms |\n",
+            ms(s.median),
+            ms(s.p90),
+            ms(max)
+        )
+    }
+
     /// `| median | p90 | p99 |` cells in microseconds.
     pub fn us_cells(&self) -> String {
         format!("{} | {} | {}", us(self.median), us(self.p90), us(self.p99))

@@ -359,6 +359,15 @@ fn a_pod_with_ipv6_off_is_enrolled_with_ipv4_routing_only_and_its_rules_read_bac
     // their default (IPv6 on), so the pod's plan has IPv6 rules; the loopback cannot take an IPv6 route there, and
     // adding it used to refuse the pod (EACCES). As Istio's agent, ours leaves IPv6 routing out in such a pod.
     on_every_backend(|backend, c, peer| {
+        // First, with IPv6 on in the pod: its IPv6 connmark route is there, and the agent expects it.
+        let dual = run(c, &ambient_pod(NS, "dual"));
+        let v6_routes = dual.netns.exec_ok(&["ip", "-6", "route", "show", "table", "100"]);
+        assert!(v6_routes.contains("local default dev lo"), "{backend:?}: IPv6 on: {v6_routes}");
+        let report = pod_report(c, "dual");
+        assert_eq!(report["rules"]["expected"], report["rules"]["found"], "{backend:?}: {report:#}");
+        let lines = report["rules"]["expected"].as_array().unwrap().iter().filter_map(Value::as_str);
+        assert!(lines.clone().any(|l| l == "ipv6 route local default dev lo table 100"), "{report:#}");
+
         c.node.turn_off_ipv6();
         let pod = run(c, &ambient_pod(NS, "web"));
         assert_eq!(redirection(c, NS, "web").as_deref(), Some("enabled"), "{backend:?}: the pod is enrolled");
@@ -377,11 +386,7 @@ fn a_pod_with_ipv6_off_is_enrolled_with_ipv4_routing_only_and_its_rules_read_bac
         assert!(String::from_utf8_lossy(&v6_routes.stdout).trim().is_empty(), "{backend:?}: {v6_routes:?}");
 
         // The agent reads the pod's rules back as it programmed them: no drift reported (so none repaired).
-        let (status, body) =
-            testbed::http::get(&c.node.netns().path(), ports::CNI_ADMIN, &format!("/debug/pods/{NS}/web"))
-                .expect("the admin port answers");
-        assert_eq!(status, 200, "{body}");
-        let report: Value = serde_json::from_str(&body).expect("a JSON report");
+        let report = pod_report(c, "web");
         assert_eq!(report["verdict"], "in mesh (ambient)", "{backend:?}: {report:#}");
         assert_eq!(report["rules"]["expected"], report["rules"]["found"], "{backend:?}: {report:#}");
         let routing: Vec<&str> =
@@ -389,4 +394,13 @@ fn a_pod_with_ipv6_off_is_enrolled_with_ipv4_routing_only_and_its_rules_read_bac
         assert!(routing.contains(&"ipv4 route local default dev lo table 100"), "{routing:?}");
         assert!(!routing.iter().any(|l| l.starts_with("ipv6 route")), "{routing:?}");
     });
+}
+
+/// Pod `NS/name`'s report from the agent's admin port (what `node-agent explain` shows).
+fn pod_report(c: &Cluster, name: &str) -> Value {
+    let path = format!("/debug/pods/{NS}/{name}");
+    let (status, body) =
+        testbed::http::get(&c.node.netns().path(), ports::CNI_ADMIN, &path).expect("the admin port answers");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("a JSON report")
 }

@@ -125,12 +125,18 @@ pub struct Connection<'a> {
     pub destination: SocketAddr,
 }
 
+/// A connection as the matches read it: with the client's principal written once, as Istio writes it.
+struct Subject<'a> {
+    connection: &'a Connection<'a>,
+    principal: Option<String>,
+}
+
 impl Match {
-    fn matches(&self, c: &Connection<'_>, action: Action) -> bool {
+    fn matches(&self, subject: &Subject<'_>, action: Action) -> bool {
         if self.unenforceable {
             return action == Action::Deny;
         }
-        let principal = c.source.map(|id| format!("{}/ns/{}/sa/{}", id.trust_domain, id.namespace, id.service_account));
+        let (c, principal) = (subject.connection, &subject.principal);
         let texts = |list: &[Text], value: Option<&str>| value.is_some_and(|v| list.iter().any(|t| t.matches(v)));
         let accounts = |list: &[(String, String)]| {
             c.source.is_some_and(|id| list.iter().any(|(ns, sa)| *ns == id.namespace && *sa == id.service_account))
@@ -222,8 +228,8 @@ impl Policy {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    fn matches(&self, c: &Connection<'_>) -> bool {
-        self.groups.iter().any(|rules| rules.iter().all(|any| any.iter().any(|m| m.matches(c, self.action))))
+    fn matches(&self, subject: &Subject<'_>) -> bool {
+        self.groups.iter().any(|rules| rules.iter().all(|any| any.iter().any(|m| m.matches(subject, self.action))))
     }
 }
 
@@ -426,15 +432,18 @@ impl Policies {
                     Scope::Selected => selected.iter().any(|s| s == *key),
                 }
         });
+        let principal =
+            connection.source.map(|id| format!("{}/ns/{}/sa/{}", id.trust_domain, id.namespace, id.service_account));
+        let subject = Subject { connection, principal };
         let mut allows = false;
         let mut allowed = false;
         for (key, policy) in governing {
             match policy.action {
-                Action::Deny if policy.matches(connection) => return Err(Denied::Policy(key.clone())),
+                Action::Deny if policy.matches(&subject) => return Err(Denied::Policy(key.clone())),
                 Action::Deny => {}
                 Action::Allow => {
                     allows = true;
-                    allowed = allowed || policy.matches(connection);
+                    allowed = allowed || policy.matches(&subject);
                 }
             }
         }

@@ -68,6 +68,14 @@ fn manager(signer: impl Signer, clock: Clock) -> CertificateManager {
     CertificateManager::new(Arc::new(signer), ManagerConfig { clock, ..ManagerConfig::default() })
 }
 
+/// A manager on `ca` asking for certificates of lifetime `ttl`, with `default/bookinfo` registered once.
+fn registered_bookinfo(ca: &FakeCa, clock: Clock, ttl: Duration) -> (CertificateManager, Identity) {
+    let manager = manager(ca.signer(TOKEN, RequestSettings { ttl, ..settings(clock) }), clock);
+    let bookinfo = id("default", "bookinfo");
+    manager.register(&bookinfo);
+    (manager, bookinfo)
+}
+
 fn state_of(manager: &CertificateManager, identity: &Identity) -> String {
     let want = identity.to_string();
     manager.snapshot().into_iter().find(|s| s.identity == want).map(|s| s.state).unwrap_or_default()
@@ -311,9 +319,7 @@ async fn certificates_are_refreshed_at_half_life() {
     let clock = Clock::tokio();
     let ca = ca(clock);
     let ttl = Duration::from_secs(3600);
-    let manager = manager(ca.signer(TOKEN, RequestSettings { ttl, ..settings(clock) }), clock);
-    let bookinfo = id("default", "bookinfo");
-    manager.register(&bookinfo);
+    let (manager, bookinfo) = registered_bookinfo(&ca, clock, ttl);
     let first = manager.certificate(&bookinfo).await.unwrap();
     let issued = ca.requests()[0].at;
     let wall_at_issue = clock.now() - issued.elapsed();
@@ -342,9 +348,7 @@ async fn a_failing_refresh_backs_off_and_keeps_the_valid_certificate_until_it_ex
     let clock = Clock::tokio();
     let ca = ca(clock);
     let ttl = Duration::from_secs(600);
-    let manager = manager(ca.signer(TOKEN, RequestSettings { ttl, ..settings(clock) }), clock);
-    let bookinfo = id("default", "bookinfo");
-    manager.register(&bookinfo);
+    let (manager, bookinfo) = registered_bookinfo(&ca, clock, ttl);
     let held = manager.certificate(&bookinfo).await.unwrap();
     let start = ca.requests()[0].at;
     let wall_at_start = clock.now() - start.elapsed();
@@ -503,9 +507,7 @@ async fn registrations_are_counted_and_the_last_forget_stops_refreshes() {
     let clock = Clock::tokio();
     let ca = ca(clock);
     let ttl = Duration::from_secs(600);
-    let manager = manager(ca.signer(TOKEN, RequestSettings { ttl, ..settings(clock) }), clock);
-    let bookinfo = id("default", "bookinfo");
-    manager.register(&bookinfo);
+    let (manager, bookinfo) = registered_bookinfo(&ca, clock, ttl);
     manager.register(&bookinfo);
     manager.certificate(&bookinfo).await.unwrap();
     assert_eq!(ca.requests().len(), 1, "one certificate per identity");
@@ -565,9 +567,7 @@ async fn a_certificate_issued_past_its_half_life_is_not_refreshed_in_a_loop() {
     };
     let ca = ca(lagging);
     let ttl = Duration::from_secs(3600);
-    let manager = manager(ca.signer(TOKEN, RequestSettings { ttl, ..settings(clock) }), clock);
-    let bookinfo = id("default", "bookinfo");
-    manager.register(&bookinfo);
+    let (manager, bookinfo) = registered_bookinfo(&ca, clock, ttl);
     manager.certificate(&bookinfo).await.unwrap();
     tokio::time::sleep(Duration::from_secs(10)).await;
     // Backoff: 0.5 + 1 + 2 + 4 s (±20 %) fit in 10 s, not thousands of requests.
@@ -581,9 +581,7 @@ async fn dropping_the_manager_stops_its_workers() {
     let clock = Clock::tokio();
     let ca = ca(clock);
     let ttl = Duration::from_secs(600);
-    let manager = manager(ca.signer(TOKEN, RequestSettings { ttl, ..settings(clock) }), clock);
-    let bookinfo = id("default", "bookinfo");
-    manager.register(&bookinfo);
+    let (manager, bookinfo) = registered_bookinfo(&ca, clock, ttl);
     let first = manager.certificate(&bookinfo).await.unwrap();
     let clone = manager.clone();
     drop(manager);

@@ -371,10 +371,9 @@ fn with_routing<E>(report: RuleReport, netns: &Netns, plan: &AmbientPlan) -> Res
 where
     E: From<routing::RoutingError> + From<netns::NetnsError>,
 {
-    let (families, found) = netns.run(|| {
-        let families = routing::usable_families(&plan.families());
-        routing::read_fwmark(plan.routes.fwmark_rule(), &families).map(|found| (families, found))
-    })??;
+    let found = netns.run(|| routing::read_fwmark(plan.routes.fwmark_rule(), &plan.families()))??;
+    // The families read: the plan's, less IPv6 where the pod's loopback has it off (nothing is programmed there).
+    let families: Vec<Family> = found.iter().map(|f| f.family).collect();
     Ok(report.extended(expected_routing(plan, &families), found_routing(plan.routes.fwmark_rule(), &found)))
 }
 

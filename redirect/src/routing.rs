@@ -224,9 +224,8 @@ async fn add_tproxy_routes(handle: &Handle, routes: TproxyRoutes, families: &[Fa
 ///
 /// IPv6 is left out where the netns's loopback has it off ([`usable_families`]): its routes cannot be added there.
 pub(crate) fn program_fwmark(rule: FwmarkRule, families: &[Family], add: bool) -> Result<(), RoutingError> {
-    let families = usable_families(families);
     with_handle(|handle| async move {
-        for family in families {
+        for family in usable_families(&handle, families).await {
             if add {
                 add_fwmark(&handle, rule, family).await?;
             } else {
@@ -275,15 +274,31 @@ async fn del_fwmark(handle: &Handle, rule: FwmarkRule, family: Family) -> Result
     tolerate_missing(res).map_err(err(route_text(rule)))
 }
 
-/// The kernel's switch for IPv6 on the loopback interface, read in the calling thread's netns.
-const LOOPBACK_IPV6_OFF: &str = "/proc/sys/net/ipv6/conf/lo/disable_ipv6";
+/// `families` less IPv6 when the handle's netns cannot route it on its loopback: IPv6 turned off there (the
+/// loopback's `disable_ipv6` is 1, as on nodes that run IPv4 only) or absent from the kernel (no IPv6 settings on the
+/// link). Istio's agent skips its IPv6 loopback route in the same case; adding it would fail (EACCES) and refuse the
+/// pod. Read over rtnetlink (the loopback's IPv6 device settings, `IFLA_AF_SPEC`), not from
+/// `/proc/sys/net/ipv6/conf/lo/disable_ipv6`: opening a `/proc/sys/net` file costs time in proportion to the
+/// namespaces on the node, and this runs in every pod's enrollment.
+async fn usable_families(handle: &Handle, families: &[Family]) -> Vec<Family> {
+    let ipv6 = !families.contains(&Family::V6) || loopback_routes_ipv6(handle).await;
+    families.iter().copied().filter(|&f| f == Family::V4 || ipv6).collect()
+}
 
-/// `families` less IPv6 when the calling thread's netns cannot route it on its loopback: IPv6 turned off there
-/// (`disable_ipv6` = 1, as on nodes that run IPv4 only) or absent from the kernel (no such sysctl). Istio's agent
-/// skips its IPv6 loopback route in the same case; adding it would fail (EACCES) and refuse the pod.
-pub(crate) fn usable_families(families: &[Family]) -> Vec<Family> {
-    let ipv6 = || std::fs::read_to_string(LOOPBACK_IPV6_OFF).is_ok_and(|v| v.trim() != "1");
-    families.iter().copied().filter(|&f| f == Family::V4 || ipv6()).collect()
+/// Whether the loopback of the handle's netns has IPv6 on (a failed read counts as off).
+async fn loopback_routes_ipv6(handle: &Handle) -> bool {
+    use rtnetlink::packet_route::link::{AfSpecInet6, AfSpecUnspec, LinkAttribute};
+    let mut links = handle.link().get().match_index(LOOPBACK_IFINDEX).execute();
+    let Ok(Some(lo)) = links.try_next().await else { return false };
+    lo.attributes.iter().any(|attribute| match attribute {
+        LinkAttribute::AfSpecUnspec(specs) => specs.iter().any(|spec| match spec {
+            AfSpecUnspec::Inet6(inet6) => {
+                inet6.iter().any(|i| matches!(i, AfSpecInet6::DevConf(c) if c.disable_ipv6 == 0))
+            }
+            _ => false,
+        }),
+        _ => false,
+    })
 }
 
 /// An ambient pod's connmark routing in one family, as the netns holds it.
@@ -299,12 +314,13 @@ pub(crate) struct FoundFwmark {
     pub other_routes: usize,
 }
 
-/// Reads, per family, the rules with `rule`'s mark and table (whatever their mask and priority) and the routes of
-/// its table, in the calling thread's netns. Changes nothing.
+/// Reads, per family (of `families`, less IPv6 where the loopback has it off: [`usable_families`]), the rules with
+/// `rule`'s mark and table (whatever their mask and priority) and the routes of its table, in the calling thread's
+/// netns. Changes nothing.
 pub(crate) fn read_fwmark(rule: FwmarkRule, families: &[Family]) -> Result<Vec<FoundFwmark>, RoutingError> {
     with_handle(|handle| async move {
         let mut found = Vec::new();
-        for &family in families {
+        for family in usable_families(&handle, families).await {
             let err = |what: &str| {
                 let what = format!("read {what}");
                 move |source| RoutingError::Netlink { what, family, source }
