@@ -3,19 +3,25 @@
 # (x86_64-unknown-linux-gnu with +crt-static, in target/static), staged into a small build context, then
 # `podman build` of a FROM scratch image. No registry is needed.
 #
-# Usage: scripts/build-image.sh [--release] [IMAGE]     IMAGE defaults to localhost/install-cni:<version>
-#   --release  optimised binaries (slow on small machines); the default dev profile is static too.
+# Usage: scripts/build-image.sh [--release] [--binaries-only] [IMAGE]     IMAGE defaults to localhost/install-cni:<version>
+#   --release        optimised binaries (slow on small machines); the default dev profile is static too.
+#   --binaries-only  only the static binaries (scripts/test.sh builds them before the suite, so a build failure is
+#                    reported on its own and the image tests only stage and `podman build`).
 #   PODMAN     the podman command, word-split (tests add --root/--runroot/--storage-driver vfs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=dev
 out=debug
-if [ "${1:-}" = "--release" ]; then
-  profile=release
-  out=release
+binaries_only=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --release) profile=release out=release ;;
+    --binaries-only) binaries_only=1 ;;
+    *) break ;;
+  esac
   shift
-fi
+done
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 image=${1:-localhost/install-cni:$version}
 target=x86_64-unknown-linux-gnu
@@ -25,6 +31,7 @@ target_dir=target/static
 # it would more than double the image, and the dev build gets faster.
 CARGO_PROFILE_DEV_DEBUG=false RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile "$profile" --target "$target" \
   --target-dir "$target_dir" -p plugin -p installer -p node-agent -p hbone-proxy --bins
+[ -z "$binaries_only" ] || exit 0
 
 # Debian 12's iptables for the node agent's iptables mode (Istio's default, global.nativeNftables=false): the two
 # multi-call programs (package iptables, GPL-2; separate programs the node agent execs, never linked into ours),

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 cargo build --workspace --bins
+# The container image's static binaries (target/static): built here, on their own, so that a failure shows its own
+# error, and e2e/tests/image.rs (and the real node's image) only stage them and run podman.
+scripts/build-image.sh --binaries-only
 # The real node (docs/real-node.md): Kubernetes and etcd built from the Go module proxy (cached by version outside
 # the clone; about 10 minutes cold on 2 cores, seconds warm). The fake-vs-real API server checks in the suite below
 # need them; the real-node scenarios run after it. REAL_NODE=0 skips both for a quick local run.

@@ -74,11 +74,35 @@ fn read_all(r: &mut impl std::io::Read) -> Vec<u8> {
     buf
 }
 
+/// Lines of each stream a failure shows: the cause is at the end (a build's log is thousands of lines, and a CI
+/// report keeps only a part of what a test prints).
+const FAILURE_TAIL_LINES: usize = 60;
+
 #[track_caller]
 fn ok(out: Output, what: &str) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{what} failed ({}):\n{text}{}", out.status, String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        panic!(
+            "{what} failed ({}):\n--- end of its stderr ---\n{}\n--- end of its stdout ---\n{}",
+            out.status,
+            tail(&stderr, FAILURE_TAIL_LINES),
+            tail(&text, FAILURE_TAIL_LINES)
+        );
+    }
     text
+}
+
+/// The last `n` lines of `text`, saying how many were left out.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let skipped = lines.len().saturating_sub(n);
+    let kept = lines[skipped..].join("\n");
+    if skipped == 0 {
+        kept
+    } else {
+        format!("[{skipped} earlier lines left out]\n{kept}")
+    }
 }
 
 /// A detached container, removed (with force) when dropped, even on panic.
