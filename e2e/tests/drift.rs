@@ -60,8 +60,8 @@ fn delete_inpod_rules(backend: RuleBackend, ns: &NetnsGuard) {
         }
         _ => {
             let bin = if backend == RuleBackend::IptablesNft { "iptables-nft" } else { "iptables-legacy" };
-            ns.exec_ok(&[bin, "-t", "nat", "-D", "OUTPUT", "-j", "ISTIO_OUTPUT"]);
-            ns.exec_ok(&[bin, "-t", "nat", "-F", "ISTIO_OUTPUT"]);
+            ns.exec_ok(&[bin, "-w", "-t", "nat", "-D", "OUTPUT", "-j", "ISTIO_OUTPUT"]);
+            ns.exec_ok(&[bin, "-w", "-t", "nat", "-F", "ISTIO_OUTPUT"]);
         }
     }
 }
@@ -74,7 +74,7 @@ fn flush_host_probe_rule(backend: RuleBackend, host: &NetnsGuard) {
         }
         _ => {
             let bin = if backend == RuleBackend::IptablesNft { "iptables-nft" } else { "iptables-legacy" };
-            host.exec_ok(&[bin, "-t", "nat", "-F", "ISTIO_POSTRT"]);
+            host.exec_ok(&[bin, "-w", "-t", "nat", "-F", "ISTIO_POSTRT"]);
         }
     }
 }
@@ -208,7 +208,7 @@ fn delete_sidecar_rules(backend: RuleBackend, ns: &NetnsGuard) {
         }
         _ => {
             let bin = if backend == RuleBackend::IptablesNft { "iptables-nft" } else { "iptables-legacy" };
-            ns.exec_ok(&[bin, "-t", "nat", "-F"]);
+            ns.exec_ok(&[bin, "-w", "-t", "nat", "-F"]);
         }
     }
 }

@@ -74,11 +74,13 @@ fn remove_host_probe_rule(cluster: &Cluster, backend: RuleBackend) -> Vec<Vec<St
             let prefix = format!("-A {IPT_CHAIN} ");
             let rules: Vec<&str> = saved.lines().filter(|l| l.starts_with(&prefix) && l.contains("SNAT")).collect();
             assert!(!rules.is_empty(), "no host probe SNAT rule in the node netns:\n{saved}");
-            host.exec_ok(&[bin, "-t", "nat", "-F", IPT_CHAIN]);
+            // `-w`: the agent's own iptables-restore may hold the xtables lock (a repair the failed self-test asked
+            // for), and without it iptables gives up at once ("Resource temporarily unavailable").
+            host.exec_ok(&[bin, "-w", "-t", "nat", "-F", IPT_CHAIN]);
             rules
                 .iter()
                 .map(|rule| {
-                    let mut argv = owned(&[bin, "-t", "nat"]);
+                    let mut argv = owned(&[bin, "-w", "-t", "nat"]);
                     argv.extend(rule.split_whitespace().map(str::to_owned));
                     argv
                 })

@@ -36,9 +36,9 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
     ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::sync::watch;
 use xds::grpc::{self, Code, FrameDecoder, GrpcStatus};
+use xds::testing::ServingCert;
 
 use crate::chain::decode_response;
 use crate::client::{request_certificate, FetchError, RequestSettings, SignFuture, Signer};
@@ -47,8 +47,8 @@ use crate::wire::{IstioCertificateRequest, IstioCertificateResponse, CREATE_CERT
 
 /// The longest a test helper waits.
 pub const WAIT: Duration = Duration::from_secs(10);
-/// The DNS name in the fake server's TLS certificate.
-pub const SERVER_NAME: &str = "istiod.istio-system.svc";
+/// The DNS name in the fake server's TLS certificate (the fake xDS server's: one istiod serves both).
+pub use xds::testing::SERVER_NAME;
 /// istiod's exact authentication failure message.
 pub const AUTHENTICATE_FAILURE: &str = "request authenticate failure";
 /// istiod's exact impersonation failure message.
@@ -137,42 +137,11 @@ struct State {
     max_in_flight: usize,
 }
 
-/// The TLS certificate the CA's servers present: a root of its own and a leaf for [`SERVER_NAME`].
-#[derive(Debug)]
-struct TlsIdentity {
-    root_pem: String,
-    cert: CertificateDer<'static>,
-    key: PrivatePkcs8KeyDer<'static>,
-}
-
-impl Clone for TlsIdentity {
-    fn clone(&self) -> Self {
-        TlsIdentity { root_pem: self.root_pem.clone(), cert: self.cert.clone(), key: self.key.clone_key() }
-    }
-}
-
-impl TlsIdentity {
-    fn new() -> TlsIdentity {
-        let tls_key = KeyPair::generate().expect("TLS CA key");
-        let mut tls_ca = CertificateParams::default();
-        tls_ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let tls_ca_cert = tls_ca.self_signed(&tls_key).expect("TLS CA");
-        let tls_issuer = Issuer::new(tls_ca, tls_key);
-        let key = KeyPair::generate().expect("server key");
-        let params = CertificateParams::new(vec![SERVER_NAME.to_owned()]).expect("server params");
-        let cert = params.signed_by(&key, &tls_issuer).expect("server cert");
-        TlsIdentity {
-            root_pem: tls_ca_cert.pem(),
-            cert: CertificateDer::from(cert.der().to_vec()),
-            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
-        }
-    }
-}
-
 /// The fake CA; cheap to clone (clones share the state).
 #[derive(Clone)]
 pub struct FakeCa {
-    tls: Arc<std::sync::OnceLock<TlsIdentity>>,
+    /// The TLS certificate every server of this CA presents: made at the first serve.
+    tls: Arc<std::sync::OnceLock<ServingCert>>,
     state: Arc<Mutex<State>>,
     changed: watch::Sender<usize>,
     held: watch::Sender<bool>,
@@ -407,18 +376,9 @@ impl FakeCa {
     /// namespace). Every server of this CA (and of its clones) presents the same TLS certificate, as one istiod
     /// started again does, so a client's `CA_ROOT_CA` keeps trusting it.
     pub async fn serve_on(&self, listener: std::net::TcpListener) -> FakeCaServer {
-        let tls_identity = self.tls.get_or_init(TlsIdentity::new).clone();
-        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_no_client_auth()
-            .with_single_cert(vec![tls_identity.cert.clone()], PrivateKeyDer::Pkcs8(tls_identity.key.clone_key()))
-            .expect("server TLS config");
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        listener.set_nonblocking(true).expect("non-blocking listener");
-        let listener = tokio::net::TcpListener::from_std(listener).expect("listener on the runtime");
-        let addr = listener.local_addr().expect("local addr");
+        let serving = self.tls.get_or_init(ServingCert::new);
+        let acceptor = serving.acceptor();
+        let (listener, addr) = xds::testing::on_runtime(listener);
         let ca = self.clone();
         let (kick, kicked) = watch::channel(0u64);
         let task = tokio::spawn(async move {
@@ -446,7 +406,7 @@ impl FakeCa {
                 });
             }
         });
-        FakeCaServer { addr, tls_root_pem: tls_identity.root_pem, task, kick }
+        FakeCaServer { addr, tls_root_pem: serving.ca_pem().to_owned(), task, kick }
     }
 }
 

@@ -34,9 +34,13 @@ fn pod(ns: &str, name: &str, sa: &str, node: &str) -> Pod {
     }
 }
 
-/// A CA with the node proxy (`istio-system/ztunnel`, trusted) on `NODE` and one workload `default/bookinfo` there.
+/// A fresh CA on `clock`, set up by [`with_node`].
 fn ca(clock: Clock) -> FakeCa {
-    let ca = FakeCa::new(TD, clock);
+    with_node(FakeCa::new(TD, clock))
+}
+
+/// `ca` with the node proxy (`istio-system/ztunnel`, trusted) on `NODE` and one workload `default/bookinfo` there.
+fn with_node(ca: FakeCa) -> FakeCa {
     ca.add_caller(
         TOKEN,
         Caller {
@@ -404,20 +408,12 @@ async fn a_failing_refresh_backs_off_and_keeps_the_valid_certificate_until_it_ex
 async fn an_expired_root_is_refused_and_the_state_says_why() {
     let clock = Clock::tokio();
     let now = clock.now();
-    let ca =
-        FakeCa::with_root_validity(TD, clock, now - Duration::from_secs(86400 * 30), now - Duration::from_secs(60));
-    ca.add_caller(
-        TOKEN,
-        Caller {
-            namespace: "istio-system".into(),
-            service_account: "ztunnel".into(),
-            pod_name: "ztunnel-1".into(),
-            pod_uid: "uid-ztunnel-1".into(),
-        },
-    );
-    ca.add_pod(pod("istio-system", "ztunnel-1", "ztunnel", NODE));
-    ca.add_pod(pod("default", "bookinfo-1", "bookinfo", NODE));
-    ca.trust_node_account("istio-system", "ztunnel");
+    let ca = with_node(FakeCa::with_root_validity(
+        TD,
+        clock,
+        now - Duration::from_secs(86400 * 30),
+        now - Duration::from_secs(60),
+    ));
     let manager = manager(ca.signer(TOKEN, settings(clock)), clock);
     let bookinfo = id("default", "bookinfo");
     manager.register(&bookinfo);

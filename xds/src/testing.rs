@@ -78,6 +78,26 @@ impl ServingCert {
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
     }
+
+    /// A TLS acceptor presenting this certificate and offering HTTP/2 only (as istiod's gRPC port does).
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(self.chain.clone(), PrivateKeyDer::Pkcs8(self.key.clone_key()))
+            .expect("server TLS config");
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        tokio_rustls::TlsAcceptor::from(Arc::new(tls))
+    }
+}
+
+/// `listener` moved onto the current tokio runtime, with its address.
+pub fn on_runtime(listener: std::net::TcpListener) -> (TcpListener, SocketAddr) {
+    listener.set_nonblocking(true).expect("non-blocking listener");
+    let listener = TcpListener::from_std(listener).expect("listener on the runtime");
+    let addr = listener.local_addr().expect("local addr");
+    (listener, addr)
 }
 
 /// A stream attempt as the server saw it.
@@ -139,17 +159,8 @@ impl FakeIstiod {
     /// Like [`FakeIstiod::start_on`], presenting `cert` (so an istiod started again presents the same certificate,
     /// which its clients' `XDS_ROOT_CA` already trusts).
     pub async fn start_with(listener: std::net::TcpListener, token: Option<&str>, cert: &ServingCert) -> FakeIstiod {
-        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_no_client_auth()
-            .with_single_cert(cert.chain.clone(), PrivateKeyDer::Pkcs8(cert.key.clone_key()))
-            .expect("server TLS config");
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        listener.set_nonblocking(true).expect("non-blocking listener");
-        let listener = TcpListener::from_std(listener).expect("listener on the runtime");
-        let addr = listener.local_addr().expect("local addr");
+        let acceptor = cert.acceptor();
+        let (listener, addr) = on_runtime(listener);
         let shared = Arc::new(Mutex::new(Shared {
             ambient: true,
             attempts_changed: tokio::sync::watch::channel(0).0,
