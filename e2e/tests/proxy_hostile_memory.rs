@@ -60,6 +60,21 @@ fn gauge(side: &NodeSide, name: &str) -> u64 {
     support::metric(&side.cluster.node.netns().path(), &format!("{name} ")).unwrap_or(0.0) as u64
 }
 
+/// The connection and tunnel-buffer lines of the proxy's metrics on `side`.
+fn connection_metrics(side: &NodeSide, pod: &Pod) -> String {
+    let body = support::http_get(&side.cluster.node.netns().path(), istio_contract::ports::STATS, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    let hbone = pod.netns.exec_ok(&["ss", "-Htn", "state", "established", "( sport = :15008 or dport = :15008 )"]);
+    let mut lines: Vec<String> = body
+        .lines()
+        .filter(|l| !l.starts_with('#') && (l.contains("connections") || l.contains("hbone_")))
+        .map(str::to_owned)
+        .collect();
+    lines.push(format!("HBONE TCP connections established: {}", hbone.lines().count()));
+    lines.join("\n")
+}
+
 /// One of C's exchanges with D's echo app: everything sent comes back.
 fn good_exchange(c: &Pod, d_app: SocketAddr, seed: u8) {
     let payload = Payload::new(seed, GOOD);
@@ -170,7 +185,8 @@ fn one_pod_pushing_into_many_non_reading_connections_is_held_to_its_share_and_me
     assert!(
         recovered.is_some(),
         "resident memory {now:?} KiB {RECOVERY_LIMIT:?} after the load, over {bound:?} ({RECOVERY}× {before:?} + \
-         {RECOVERY_SLACK_MIB} MiB)"
+         {RECOVERY_SLACK_MIB} MiB); the proxies' connection and buffer metrics:\n{}",
+        [connection_metrics(one, &a), connection_metrics(two, &b)].join("\n---\n")
     );
     // And the node still carries traffic.
     good_exchange(&c, d_app, 99);

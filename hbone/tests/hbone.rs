@@ -219,6 +219,16 @@ impl Scene {
     fn request(&self, authority: SocketAddr) -> ConnectRequest {
         request(&self.client, &self.server, &id("server"), authority)
     }
+
+    /// A fresh pool with `config`, and three streams opened on it one after another to a new echo app.
+    async fn three_streams(&self, config: PoolConfig) -> (Pool, ConnectRequest, [hbone::H2Stream; 3]) {
+        let app = echo_app(self.ip).await;
+        let pool = self.pool(config);
+        let req = self.request(app);
+        let open =
+            [pool.connect(&req).await.unwrap(), pool.connect(&req).await.unwrap(), pool.connect(&req).await.unwrap()];
+        (pool, req, open)
+    }
 }
 
 /// A raw TLS handshake with `config` to `addr`, for clients the mesh config would never build.
@@ -461,19 +471,45 @@ async fn pool_reuses_one_connection_and_coalesces_concurrent_first_connects() {
 async fn pool_respects_the_stream_cap_and_closes_idle_connections() {
     within(async {
         let scene = Scene::new().await;
-        let app = echo_app(scene.ip).await;
-        let pool = scene.pool(PoolConfig {
-            max_streams_per_connection: 2,
-            idle_timeout: Duration::from_millis(200),
-            ..Default::default()
-        });
-        let req = scene.request(app);
-        let open =
-            [pool.connect(&req).await.unwrap(), pool.connect(&req).await.unwrap(), pool.connect(&req).await.unwrap()];
+        let (pool, _, open) = scene
+            .three_streams(PoolConfig {
+                max_streams_per_connection: 2,
+                idle_timeout: Duration::from_millis(200),
+                ..Default::default()
+            })
+            .await;
         assert_eq!(scene.server.accepted.load(Ordering::SeqCst), 2, "the third stream needed a second connection");
         assert_eq!(pool.connection_count(), 2);
         drop(open);
         eventually_async("the pool has no connections", || (pool.connection_count() == 0).then_some(())).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn after_a_burst_one_idle_connection_per_destination_is_kept_and_the_others_closed() {
+    within(async {
+        let scene = Scene::new().await;
+        // The pool's idle timeout is an hour: only the surplus rule can close a connection in this test.
+        let (pool, req, burst) = scene
+            .three_streams(PoolConfig {
+                max_streams_per_connection: 1,
+                idle_timeout: Duration::from_secs(3600),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(pool.connection_count(), 3, "one stream per connection: the burst dialled three");
+        drop(burst);
+        eventually_async("the surplus idle connections are closed", || (pool.connection_count() == 1).then_some(()))
+            .await;
+        // The one kept is reused: a new stream dials nothing.
+        let mut again = pool.connect(&req).await.unwrap();
+        assert_eq!(scene.server.accepted.load(Ordering::SeqCst), 3, "the kept connection was reused");
+        let mut buf = [0u8; 5];
+        again.write_all(b"reuse").await.unwrap();
+        again.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"reuse");
+        assert_eq!(pool.connection_count(), 1);
     })
     .await
 }

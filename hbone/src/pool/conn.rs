@@ -92,6 +92,21 @@ async fn idle(active: &mut watch::Receiver<usize>, timeout: Duration) {
     }
 }
 
+/// How long a connection stays idle before it is closed when the pool holds another one for the same key. A burst
+/// of streams dials many connections; once it is over, one per key is enough to reuse, and each idle connection
+/// keeps its HTTP/2 and TLS buffers (up to a maximum frame each way, 1 MiB): fifteen left from a burst held about
+/// 28 MiB for the pool's whole idle timeout (seen in `proxy_hostile_memory`). The last one waits out the timeout.
+pub(super) const SURPLUS_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// When an idle connection is retired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retire {
+    /// Only if the pool holds another connection for its key.
+    IfSurplus,
+    /// In any case.
+    Always,
+}
+
 /// The task side of a pooled connection: takes it out of the pool when it ends.
 pub(super) struct Driver {
     pub(super) conns: Weak<Mutex<Conns>>,
@@ -113,36 +128,52 @@ impl Driver {
         let mut active = self.conn.active.subscribe();
         let alive = keepalive::until_unresponsive(ping_pong, keepalive);
         tokio::pin!(connection, alive);
-        loop {
-            tokio::select! {
-                result = &mut connection => {
-                    if let Err(e) = result {
-                        tracing::debug!(dst = %self.key.dst, error = %e, "HBONE connection ended");
-                    }
-                    break;
-                }
-                () = &mut alive => {
-                    tracing::warn!(dst = %self.key.dst, "HBONE connection unresponsive to PING, dropping it");
-                    break;
-                }
-                () = idle(&mut active, idle_timeout) => {
-                    if self.retire_if_idle() {
-                        tracing::debug!(dst = %self.key.dst, "closing idle HBONE connection");
-                        break;
-                    }
+        tokio::select! {
+            result = &mut connection => {
+                if let Err(e) = result {
+                    tracing::debug!(dst = %self.key.dst, error = %e, "HBONE connection ended");
                 }
             }
+            () = &mut alive => {
+                tracing::warn!(dst = %self.key.dst, "HBONE connection unresponsive to PING, dropping it");
+            }
+            () = self.retired_when_idle(&mut active, idle_timeout) => {}
         }
         self.retire();
     }
 
-    fn retire_if_idle(&self) -> bool {
+    /// Resolves once the connection has been taken out of the pool for being idle: after
+    /// [`SURPLUS_IDLE_TIMEOUT`] if the pool holds another connection for its key, else after `idle_timeout`.
+    async fn retired_when_idle(&self, active: &mut watch::Receiver<usize>, idle_timeout: Duration) {
+        let surplus_after = SURPLUS_IDLE_TIMEOUT.min(idle_timeout);
+        loop {
+            idle(active, surplus_after).await;
+            if self.retire_if_idle(Retire::IfSurplus) {
+                tracing::debug!(dst = %self.key.dst, "closing a surplus idle HBONE connection");
+                return;
+            }
+            // The only connection for its key: it waits out the rest of the pool's idle timeout, unless a stream
+            // opens on it meanwhile (then it starts over).
+            let rest = idle_timeout.saturating_sub(surplus_after);
+            if tokio::time::timeout(rest, active.changed()).await.is_err() && self.retire_if_idle(Retire::Always) {
+                tracing::debug!(dst = %self.key.dst, "closing idle HBONE connection");
+                return;
+            }
+        }
+    }
+
+    fn retire_if_idle(&self, when: Retire) -> bool {
         let Some(conns) = self.conns.upgrade() else {
             return true;
         };
-        // Under the pool lock no stream can be reserved between the check and the removal.
+        // Under the pool lock no stream can be reserved between the check and the removal, and of two idle
+        // connections for one key checking at once, only the first sees the other and goes.
         let mut conns = conns.lock().unwrap_or_else(|p| p.into_inner());
         if *self.conn.active.borrow() != 0 {
+            return false;
+        }
+        let others = conns.get(&self.key).map_or(0, |list| list.iter().filter(|c| c.id != self.conn.id).count());
+        if when == Retire::IfSurplus && others == 0 {
             return false;
         }
         self.conn.closed.store(true, Ordering::Release);
