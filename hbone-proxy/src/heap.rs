@@ -19,6 +19,8 @@
 //! open (their tunnels quiet, their state alive) would otherwise become the new reference, and the tens of MiB
 //! those connections free when they close would never be given back (seen in `proxy_hostile_memory`).
 
+use std::time::{Duration, Instant};
+
 /// Blocks up to this size come from the heap, not from their own mapping: above the largest HTTP/2 frame we accept
 /// (`hbone::settings::MAX_FRAME_SIZE`, 1 MiB) and its header.
 pub const MMAP_THRESHOLD: usize = 2 << 20;
@@ -47,57 +49,77 @@ pub const BURST: usize = TRIM_THRESHOLD;
 /// Tunnel bytes held (all pods) below which the proxy counts as quiet.
 pub const QUIET: usize = 1 << 20;
 /// How often the heap is looked at.
-pub const LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// When to give the heap back, from what it holds free: the lowest free memory seen since the last give-back is
-/// the reference, so only memory freed since then counts, whether or not it was resident before.
-#[derive(Debug)]
-struct Freed {
-    least: usize,
-}
-
-impl Freed {
-    /// Whether a heap holding `free` bytes free, with the tunnels `quiet`, should be given back now.
-    fn give_back(&mut self, free: usize, quiet: bool) -> bool {
-        self.least = self.least.min(free);
-        free - self.least >= BURST && quiet
-    }
-
-    /// A give-back left `free` bytes free (no longer resident): the reference starts again from there.
-    fn given_back(&mut self, free: usize) {
-        self.least = free;
-    }
-}
+pub const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// While quiet, the resident set at least [`BURST`] over the lowest it has been gives the heap back again this
 /// often, whatever the free memory says: memory freed in pieces too small to count as a burst, in between live
 /// blocks, is not left resident for good. One `malloc_trim` this often costs next to nothing.
-pub const STILL_HIGH_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+pub const STILL_HIGH_EVERY: Duration = Duration::from_secs(10);
+
+/// Why the heap is given back now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// A [`BURST`] of memory was freed since the lowest free memory after the last give-back.
+    Freed,
+    /// The resident set is still a [`BURST`] over its lowest, [`STILL_HIGH_EVERY`] after the last give-back.
+    StillHigh,
+}
+
+/// When to give the heap back, from two looks at it: the lowest free memory seen since the last give-back is the
+/// reference for what was freed (so only memory freed since then counts, whether or not it was resident before),
+/// and the lowest resident set ever seen is the reference for "still high". Both only while the tunnels are quiet.
+#[derive(Debug)]
+struct Trigger {
+    least_free: usize,
+    lowest_resident: u64,
+    last: Instant,
+}
+
+impl Trigger {
+    fn new(free: usize, resident: u64, now: Instant) -> Self {
+        Trigger { least_free: free, lowest_resident: resident, last: now }
+    }
+
+    /// Whether (and why) a heap holding `free` bytes free, in a process holding `resident` bytes, with the tunnels
+    /// `quiet`, should be given back at `now`.
+    fn due(&mut self, free: usize, resident: u64, quiet: bool, now: Instant) -> Option<Why> {
+        self.least_free = self.least_free.min(free);
+        self.lowest_resident = self.lowest_resident.min(resident);
+        if !quiet {
+            None
+        } else if free - self.least_free >= BURST {
+            Some(Why::Freed)
+        } else if resident >= self.lowest_resident + BURST as u64 && now - self.last >= STILL_HIGH_EVERY {
+            Some(Why::StillHigh)
+        } else {
+            None
+        }
+    }
+
+    /// A give-back at `now` left `free` bytes free (no longer resident): the freed reference starts again there.
+    fn given_back(&mut self, free: usize, now: Instant) {
+        self.least_free = free;
+        self.last = now;
+    }
+}
 
 /// Gives the heap back to the kernel after each burst, for the life of the process; `held` tells the tunnel bytes
 /// held now. Returns at once where the C library tells nothing of its heap.
 pub async fn give_back_after_bursts(held: impl Fn() -> usize) {
     let Some(free) = free_heap_bytes() else { return };
-    let mut freed = Freed { least: free };
-    let mut lowest_resident = resident_bytes().unwrap_or(0);
-    let mut last = tokio::time::Instant::now();
+    let mut trigger = Trigger::new(free, resident_bytes().unwrap_or(0), Instant::now());
     let mut ticks = tokio::time::interval(LOOK_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
         let Some(free) = free_heap_bytes() else { return };
-        let quiet = held() < QUIET;
         let resident = resident_bytes().unwrap_or(0);
-        lowest_resident = lowest_resident.min(resident);
-        let still_high = quiet && resident >= lowest_resident + BURST as u64 && last.elapsed() >= STILL_HIGH_EVERY;
-        if freed.give_back(free, quiet) || still_high {
-            last = tokio::time::Instant::now();
-            let before = resident_bytes();
+        if let Some(why) = trigger.due(free, resident, held() < QUIET, Instant::now()) {
             trim();
             let after = resident_bytes();
             let free_after = free_heap_bytes().unwrap_or(free);
-            tracing::debug!(?before, ?after, free, still_high, "gave the heap back after a burst");
-            freed.given_back(free_after);
+            tracing::debug!(before = resident, ?after, free, ?why, "gave the heap back after a burst");
+            trigger.given_back(free_after, Instant::now());
         }
     }
 }
@@ -142,34 +164,56 @@ pub fn keep_transfer_buffers() -> Result<(), &'static str> {
 }
 
 #[cfg(test)]
-mod freed_tests {
+mod trigger_tests {
     use super::*;
 
     const MIB: usize = 1 << 20;
+    /// A resident set that stays put: only the freed trigger can fire.
+    const FLAT: u64 = 40 << 20;
 
     #[test]
     fn memory_freed_after_an_early_give_back_is_given_back_too() {
-        let mut freed = Freed { least: 4 * MIB };
+        let t0 = Instant::now();
+        let mut trigger = Trigger::new(4 * MIB, FLAT, t0);
         // A burst's connections open: their state is allocated, little is free, nothing to give back.
-        assert!(!freed.give_back(2 * MIB, true));
+        assert_eq!(trigger.due(2 * MIB, FLAT, true, t0), None);
         // Its buffers are freed while the connections stay open: quiet, a burst freed, given back.
-        assert!(freed.give_back(2 * MIB + BURST, true));
-        freed.given_back(MIB + BURST);
+        assert_eq!(trigger.due(2 * MIB + BURST, FLAT, true, t0), Some(Why::Freed));
+        trigger.given_back(MIB + BURST, t0);
         // Nothing freed since: not again, however long it stays quiet.
-        assert!(!freed.give_back(MIB + BURST, true));
+        assert_eq!(trigger.due(MIB + BURST, FLAT, true, t0 + 10 * STILL_HIGH_EVERY), None);
         // The connections close and free their state: given back again, though the resident set never grew.
-        assert!(!freed.give_back(MIB + BURST + BURST / 2, true), "half a burst freed is not enough");
-        assert!(freed.give_back(MIB + 2 * BURST, true));
+        assert_eq!(trigger.due(MIB + BURST + BURST / 2, FLAT, true, t0), None, "half a burst freed is not enough");
+        assert_eq!(trigger.due(MIB + 2 * BURST, FLAT, true, t0), Some(Why::Freed));
     }
 
     #[test]
     fn nothing_is_given_back_while_the_tunnels_hold_bytes_and_reuse_lowers_the_reference() {
-        let mut freed = Freed { least: 30 * MIB };
+        let t0 = Instant::now();
+        let mut trigger = Trigger::new(30 * MIB, FLAT, t0);
         // The free memory is reused (faulted in again) by a transfer, then freed while another one runs.
-        assert!(!freed.give_back(5 * MIB, false));
-        assert!(!freed.give_back(5 * MIB + BURST, false), "the tunnels hold bytes");
+        assert_eq!(trigger.due(5 * MIB, FLAT, false, t0), None);
+        assert_eq!(trigger.due(5 * MIB + BURST, FLAT + 2 * BURST as u64, false, t0 + STILL_HIGH_EVERY), None);
         // Quiet: the burst freed since the low point is given back.
-        assert!(freed.give_back(5 * MIB + BURST, true));
+        assert_eq!(trigger.due(5 * MIB + BURST, FLAT, true, t0), Some(Why::Freed));
+    }
+
+    #[test]
+    fn a_resident_set_still_a_burst_over_its_lowest_is_given_back_every_still_high_period() {
+        let t0 = Instant::now();
+        let high = FLAT + BURST as u64;
+        let mut trigger = Trigger::new(MIB, FLAT, t0);
+        // Nothing freed in one piece, but the resident set stays high: not before the period is over.
+        assert_eq!(trigger.due(MIB, high, true, t0 + STILL_HIGH_EVERY / 2), None);
+        assert_eq!(trigger.due(MIB, high, true, t0 + STILL_HIGH_EVERY), Some(Why::StillHigh));
+        let t1 = t0 + STILL_HIGH_EVERY;
+        trigger.given_back(MIB, t1);
+        // Still high: once more a period later, not sooner; and never while the tunnels hold bytes.
+        assert_eq!(trigger.due(MIB, high, true, t1 + STILL_HIGH_EVERY / 2), None);
+        assert_eq!(trigger.due(MIB, high, false, t1 + STILL_HIGH_EVERY), None);
+        assert_eq!(trigger.due(MIB, high, true, t1 + STILL_HIGH_EVERY), Some(Why::StillHigh));
+        // Back within a burst of its lowest: no more give-backs.
+        assert_eq!(trigger.due(MIB, high - 1, true, t1 + 5 * STILL_HIGH_EVERY), None);
     }
 }
 
